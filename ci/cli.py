@@ -1,0 +1,91 @@
+"""`lanekeeper` command line.
+
+Every user error (bad profile, bad flag, bad input file) ends in one line on
+stderr and exit status 2, the same as argparse's own usage errors, so that CI
+can tell "you asked for something wrong" (2) from "the lane is red" (1).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from engine.config import PLATFORMS, ProfileError, check_file, dump_yaml, resolve
+
+
+class UsageError(Exception):
+    """Bad input that is not a profile: a flag, a file, a request."""
+
+
+def _profile_args(p: argparse.ArgumentParser, profile_default: str | None = "qwen3_tts") -> None:
+    if profile_default is not None:
+        p.add_argument("--profile", default=profile_default, help="profile name or path (default: %(default)s)")
+    p.add_argument("--platform", choices=PLATFORMS, help="platform section to apply (default: detected)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a resolved value, e.g. stages.0.enforce_eager=true (repeatable)")
+
+
+def cmd_profile_show(args) -> int:
+    prof = resolve(args.name, platform=args.platform, overrides=args.overrides)
+    if args.json:
+        data = prof.explain() if args.explain else prof.to_dict()
+        print(json.dumps(data, indent=2))
+    elif args.explain:
+        width = max(len(k) for k in prof.flat())
+        print(f"# {prof.name} on {prof.platform}")
+        for key, item in prof.explain().items():
+            print(f"{key:<{width}}  {json.dumps(item['value']):<12}  # {item['source']}")
+    else:
+        print(f"# {prof.name} resolved for {prof.platform}")
+        print(dump_yaml(prof.to_dict()), end="")
+    return 0
+
+
+def cmd_profile_check(args) -> int:
+    from engine.config import PROFILES_DIR
+
+    paths = args.paths or sorted(str(p) for p in PROFILES_DIR.glob("*.yaml") if p.stem != "pins")
+    bad = 0
+    for path in paths:
+        errors = check_file(path)
+        for err in errors:
+            print(err, file=sys.stderr)
+        bad += bool(errors)
+        if not errors:
+            print(f"ok  {path}")
+    return 2 if bad else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lanekeeper", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    profile = sub.add_parser("profile", help="resolve and validate deploy profiles")
+    psub = profile.add_subparsers(dest="profile_command", required=True)
+    show = psub.add_parser("show", help="print a resolved profile")
+    show.add_argument("name", help="profile name (profiles/NAME.yaml) or path")
+    _profile_args(show, profile_default=None)
+    show.add_argument("--json", action="store_true", help="print JSON")
+    show.add_argument("--explain", action="store_true", help="add where each value came from")
+    show.set_defaults(func=cmd_profile_show)
+    check = psub.add_parser("check", help="validate profiles on every platform")
+    check.add_argument("paths", nargs="*", help="profile files (default: every profile)")
+    check.set_defaults(func=cmd_profile_check)
+
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ProfileError, UsageError) as e:
+        print(f"lanekeeper: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""lanekeeper's pytest plugin: matrix options and the engine-process guard."""

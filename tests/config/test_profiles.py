@@ -1,0 +1,114 @@
+"""Every shipped profile validates, every pin holds, and precedence is what DESIGN.md says."""
+import json
+import subprocess
+import sys
+
+import pytest
+from ruamel.yaml import YAML
+
+from engine.config import PLATFORMS, PROFILES_DIR, ProfileError, check_file, resolve
+
+pytestmark = pytest.mark.config
+
+PINS = YAML(typ="safe").load((PROFILES_DIR / "pins.yaml").read_text())
+PROFILES = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml") if p.stem != "pins")
+
+
+def test_every_profile_is_pinned():
+    assert sorted(PINS) == PROFILES
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_profile_validates(name):
+    assert check_file(name) == []
+
+
+@pytest.mark.parametrize("name,platform", [(n, p) for n in sorted(PINS) for p in sorted(PINS[n])])
+def test_pins_hold(name, platform):
+    flat = resolve(name, platform=platform).flat()
+    wrong = {k: (flat.get(k), v) for k, v in PINS[name][platform].items() if flat.get(k) != v}
+    assert not wrong, f"{name} on {platform}: resolved != pinned: {wrong}"
+
+
+def test_pins_cover_every_platform():
+    for name, platforms in PINS.items():
+        assert sorted(platforms) == sorted(PLATFORMS), name
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_opt_in_profiles_stay_opt_in(platform):
+    control = resolve("qwen3_tts_high_concurrency", platform=platform)
+    assert control.config.model_runner == "v1"
+    if platform in ("cuda", "cpu"):
+        assert resolve("qwen3_tts_high_concurrency_mrv2", platform=platform).config.model_runner == "v2"
+        assert resolve("qwen3_tts_mrv2", platform=platform).config.model_runner == "v2"
+
+
+def test_default_profile_runner_per_platform():
+    runners = {p: resolve("qwen3_tts", platform=p).config.model_runner for p in PLATFORMS}
+    assert runners == {"cuda": "v2", "cpu": "v2", "rocm": "v1", "npu": "v1", "xpu": "v1", "musa": "v1"}
+    assert resolve("qwen3_tts", platform="cuda").get("stages.0.max_num_batched_tokens") == 512
+
+
+def _write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_precedence(tmp_path):
+    """overrides > platform section > overlay > base > schema default."""
+    _write(tmp_path, "base.yaml", """\
+model_runner: v1
+async_chunk: true
+connectors: {shm: {codec_chunk_frames: 10}}
+stages:
+  - {stage_id: 0, max_num_seqs: 4, output_connector: shm}
+  - {stage_id: 1, max_num_seqs: 4, input_connector: shm}
+platforms:
+  rocm:
+    stages:
+      - {stage_id: 0, max_num_seqs: 7}
+""")
+    overlay = _write(tmp_path, "overlay.yaml", """\
+base_config: base.yaml
+model_runner: v2
+stages:
+  - {stage_id: 0, max_num_seqs: 5}
+platforms:
+  rocm:
+    model_runner: v1
+""")
+    cpu = resolve(overlay, platform="cpu")
+    assert cpu.config.model_runner == "v2" and cpu.sources["model_runner"].endswith("overlay.yaml:2")
+    assert cpu.get("stages.0.max_num_seqs") == 5
+    assert cpu.get("stages.1.max_num_seqs") == 4 and "base.yaml:6" in cpu.sources["stages.1.max_num_seqs"]
+    assert cpu.get("stages.0.max_model_len") == 4096 and "stages.0.max_model_len" not in cpu.sources
+    rocm = resolve(overlay, platform="rocm")
+    assert rocm.config.model_runner == "v1" and "[platforms.rocm]" in rocm.sources["model_runner"]
+    assert rocm.get("stages.0.max_num_seqs") == 7  # base's platform section beats the overlay's stage value
+    forced = resolve(overlay, platform="rocm", overrides=["stages.0.max_num_seqs=9", "model_runner=v2"])
+    assert forced.get("stages.0.max_num_seqs") == 9 and forced.config.model_runner == "v2"
+    assert forced.sources["model_runner"] == "override --set model_runner=v2"
+    assert forced.explain()["stages.0.max_model_len"]["source"] == "schema default"
+
+
+def test_v2_refused_on_npu_and_xpu():
+    for platform in ("npu", "xpu"):
+        with pytest.raises(ProfileError, match=f"v2 is not implemented on {platform}"):
+            resolve("qwen3_tts", platform=platform, overrides=["model_runner=v2"])
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "ci.cli", *args], capture_output=True, text=True)
+
+
+def test_cli_show_json_and_explain():
+    out = _cli("profile", "show", "qwen3_tts", "--platform", "cuda", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["model_runner"] == "v2"
+    out = _cli("profile", "show", "qwen3_tts", "--platform", "rocm", "--json", "--explain")
+    explained = json.loads(out.stdout)
+    assert explained["model_runner"] == {"value": "v1", "source": "profiles/qwen3_tts.yaml:53 [platforms.rocm]"} \
+        or explained["model_runner"]["source"].endswith("qwen3_tts.yaml:53 [platforms.rocm]")
+    assert explained["stages.0.max_num_batched_tokens"]["source"].endswith("qwen3_tts.yaml:22")
