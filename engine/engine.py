@@ -1,0 +1,294 @@
+"""The offline engine: spawns the two stage processes and routes requests and audio.
+
+    with TTSEngine(resolve("qwen3_tts")) as engine:
+        results = engine.generate([SpeechRequest("Hello.")])
+
+The stages run in spawned processes that form one process group led by stage 0.
+`close()` asks them to stop, then kills the whole group, so nothing outlives the
+engine even when a stage is wedged.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import signal
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import numpy as np
+import psutil
+
+from engine.config import ResolvedProfile
+from engine.presets import CODEBOOKS, SAMPLE_RATE
+from engine.procs import stage_main
+from engine.request import AudioChunk, RequestError, SpeechRequest, SpeechResult
+
+STAGE_NAMES = {0: "talker", 1: "code2wav"}
+_LIVE: "weakref.WeakSet[TTSEngine]" = weakref.WeakSet()
+
+
+class EngineError(RuntimeError):
+    pass
+
+
+def live_engine_pids() -> set[int]:
+    """Pids of the stage processes of every engine that is still open (for leak checks)."""
+    return {pid for eng in list(_LIVE) for pid in eng.pids()}
+
+
+@dataclass
+class _Tracked:
+    request: SpeechRequest
+    submitted: float
+    events: "queue.Queue" = field(default_factory=queue.Queue)
+    chunks: list[np.ndarray] = field(default_factory=list)
+    codes: np.ndarray | None = None
+    reason: str | None = None
+    timings: dict = field(default_factory=dict)
+    audio_done: bool = False
+    error: dict | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+def _kill_group(pgid: int | None, pids: list[int]) -> None:
+    """SIGKILL the stage group and any stage (or stage child) that left it."""
+    victims = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            victims += [proc] + proc.children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+    if pgid:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for proc in victims:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(victims, timeout=5)
+
+
+class TTSEngine:
+    def __init__(self, profile: ResolvedProfile, start_timeout: float = 300.0):
+        self.profile = profile
+        self.closed = False
+        self.info: dict[int, dict] = {}
+        ctx = mp.get_context("spawn")
+        self.in_q, self.handoff_q, self.out_q = ctx.Queue(), ctx.Queue(), ctx.Queue()
+        queues = (self.in_q, self.handoff_q, self.out_q)
+        self._tracked: dict[str, _Tracked] = {}
+        self._lock = threading.Lock()
+        self.procs: list[mp.Process] = []
+        self.pgid: int | None = None
+        me = os.getpid()
+        p0 = ctx.Process(target=stage_main, args=(0, None, profile, queues, me), name="lanekeeper-stage0-talker")
+        p0.start()
+        self.procs.append(p0)
+        self.pgid = p0.pid
+        p1 = ctx.Process(target=stage_main, args=(1, p0.pid, profile, queues, me), name="lanekeeper-stage1-code2wav")
+        p1.start()
+        self.procs.append(p1)
+        self._finalizer = weakref.finalize(self, _kill_group, self.pgid, [p.pid for p in self.procs])
+        _LIVE.add(self)
+        try:
+            self._wait_ready(start_timeout)
+        except BaseException:
+            self.close()
+            raise
+        self._reader = threading.Thread(target=self._read, name="lanekeeper-output", daemon=True)
+        self._reader.start()
+
+    # ------------------------------------------------------------ lifecycle
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.info) < len(self.procs):
+            for stage, proc in enumerate(self.procs):
+                if stage not in self.info and not proc.is_alive():
+                    raise EngineError(f"stage {stage} ({STAGE_NAMES[stage]}) exited with code {proc.exitcode} "
+                                      f"during start-up")
+            if time.monotonic() > deadline:
+                raise EngineError(f"engine did not start within {timeout:.0f}s")
+            try:
+                msg = self.out_q.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if msg[0] == "ready":
+                self.info[msg[1]] = msg[2]
+            elif msg[0] == "fatal":
+                raise EngineError(f"stage {msg[1]} ({STAGE_NAMES[msg[1]]}) failed during start-up:\n{msg[2]}")
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p.pid is not None and not self.closed]
+
+    def close(self, timeout: float = 5.0) -> None:
+        if self.closed:
+            return
+        try:
+            self.in_q.put(("stop",))
+            deadline = time.monotonic() + timeout
+            for proc in self.procs:
+                proc.join(max(0.0, deadline - time.monotonic()))
+        finally:
+            self.closed = True
+            self._finalizer()          # kills the group whatever state the stages are in
+            for proc in self.procs:
+                proc.join(1)
+            self._fail_all({"kind": "EngineClosed", "message": "engine closed before the request finished"})
+            for q in (self.in_q, self.handoff_q, self.out_q):
+                q.cancel_join_thread()
+                q.close()
+            _LIVE.discard(self)
+
+    def __enter__(self) -> "TTSEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---------------------------------------------------------- output side
+    def _read(self) -> None:
+        while not self.closed:
+            try:
+                msg = self.out_q.get(timeout=0.2)
+            except (queue.Empty, OSError, ValueError, EOFError):
+                self._check_stages()
+                continue
+            self._dispatch(msg)
+
+    def _check_stages(self) -> None:
+        for stage, proc in enumerate(self.procs):
+            if not self.closed and not proc.is_alive():
+                self._fail_all({"kind": "StageDied", "stage": stage, "stage_name": STAGE_NAMES[stage],
+                                "exitcode": proc.exitcode,
+                                "message": f"stage {stage} ({STAGE_NAMES[stage]}) exited with code {proc.exitcode}"})
+
+    def _dispatch(self, msg) -> None:
+        if isinstance(msg, AudioChunk):
+            t = self._tracked.get(msg.request_id)
+            if t is None:
+                return
+            if not t.chunks and len(msg.audio):
+                t.timings["first_audio_s"] = time.monotonic() - t.submitted
+            t.chunks.append(msg.audio)
+            t.events.put(msg)
+            if msg.final:
+                t.audio_done = True
+                self._maybe_done(t)
+            return
+        kind = msg[0]
+        if kind == "codes":
+            _, rid, codes, reason, timings = msg
+            t = self._tracked.get(rid)
+            if t:
+                t.codes, t.reason = codes, reason
+                t.timings.update(timings)
+                self._maybe_done(t)
+        elif kind == "stage1_done":
+            t = self._tracked.get(msg[1])
+            if t:
+                t.timings["stage1_s"] = msg[2]
+        elif kind == "error":
+            _, rid, stage, message = msg
+            self._fail(rid, {"kind": "RequestFailed", "stage": stage, "message": message})
+        elif kind == "fatal":
+            _, stage, tb = msg
+            self._fail_all({"kind": "StageCrashed", "stage": stage, "stage_name": STAGE_NAMES[stage],
+                            "message": tb.strip().splitlines()[-1], "traceback": tb})
+
+    def _maybe_done(self, t: _Tracked) -> None:
+        if t.codes is not None and t.audio_done:
+            t.timings["total_s"] = time.monotonic() - t.submitted
+            self._complete(t)
+
+    def _complete(self, t: _Tracked) -> None:
+        with self._lock:
+            if self._tracked.pop(t.request.request_id, None) is None:
+                return
+        t.done.set()
+        t.events.put(None)
+
+    def _fail(self, rid: str, error: dict) -> None:
+        t = self._tracked.get(rid)
+        if t is None:
+            return
+        error = {**error, "request_id": rid}
+        t.error = error
+        self._complete(t)
+
+    def _fail_all(self, error: dict) -> None:
+        for rid in list(self._tracked):
+            self._fail(rid, error)
+
+    # -------------------------------------------------------------- input side
+    def submit(self, request: SpeechRequest) -> _Tracked:
+        if self.closed:
+            raise EngineError("engine is closed")
+        request.validate()
+        with self._lock:
+            if request.request_id in self._tracked:
+                raise RequestError(f"request id {request.request_id!r} is already in flight", "request_id")
+            t = _Tracked(request, time.monotonic())
+            self._tracked[request.request_id] = t
+        self.in_q.put(("add", request))
+        return t
+
+    def abort(self, request_id: str) -> None:
+        self.in_q.put(("abort", request_id))
+        self._fail(request_id, {"kind": "Aborted", "message": "request aborted"})
+
+    @staticmethod
+    def _result(t: _Tracked) -> SpeechResult:
+        audio = np.concatenate(t.chunks) if t.chunks else np.zeros(0, dtype=np.float32)
+        codes = t.codes if t.codes is not None else np.zeros((0, CODEBOOKS), dtype=np.int64)
+        if t.error is not None:
+            status = "aborted" if t.error.get("kind") == "Aborted" else "finished_error"
+        else:
+            status = t.reason
+        return SpeechResult(t.request.request_id, audio, SAMPLE_RATE, codes, status, dict(t.timings), t.error)
+
+    def generate(self, requests: Iterable[SpeechRequest], timeout: float | None = None) -> list[SpeechResult]:
+        """Results in input order.  A failed request has status finished_error and an `error` dict."""
+        requests = list(requests)
+        for r in requests:
+            r.validate()
+        ids = [r.request_id for r in requests]
+        if len(set(ids)) != len(ids):
+            raise RequestError("request ids in one batch must be unique", "request_id")
+        tracked = [self.submit(r) for r in requests]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in tracked:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not t.done.wait(left):
+                for u in tracked:
+                    self.abort(u.request.request_id)
+                raise TimeoutError(f"generate did not finish within {timeout}s")
+        return [self._result(t) for t in tracked]
+
+    def stream(self, request: SpeechRequest) -> Iterator[AudioChunk]:
+        """Audio chunks as stage 1 decodes them; raises EngineError carrying the diagnosis on failure."""
+        t = self.submit(request)
+        try:
+            while True:
+                item = t.events.get()
+                if item is None:
+                    break
+                yield item
+            if t.error is not None:
+                raise RequestFailed(t.error)
+        finally:
+            if not t.done.is_set():
+                self.abort(request.request_id)
+
+
+class RequestFailed(EngineError):
+    def __init__(self, error: dict):
+        super().__init__(error.get("message", str(error)))
+        self.error = error

@@ -1,0 +1,86 @@
+"""KV caches as views handed to attention for one forward pass.
+
+- `CausalView`: no cache; attend within the given sequence (code predictor, codec decoder).
+- `DynamicView`: runner v1; each request owns growing per-layer tensors and the batch is
+  padded together anew every step.
+- `StaticView`: runner v2; rows of preallocated [layers, slots, max_len] buffers, written
+  with index_put_ so that a decode step can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+
+def _mask(key_pos: torch.Tensor, q_pos: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    mask = key_pos[None, None, :] <= q_pos[:, :, None]
+    if window is not None:
+        mask &= key_pos[None, None, :] > q_pos[:, :, None] - window
+    return mask
+
+
+class CausalView:
+    def __init__(self, positions: torch.Tensor, window: int | None = None):
+        self.mask = _mask(positions[0], positions, window)
+
+    def update(self, layer, k, v):
+        return k, v, self.mask
+
+
+class RequestKV:
+    """Per-request cache of runner v1: one [T, kv_heads, head_dim] tensor per layer."""
+
+    def __init__(self, layers: int):
+        self.k: list[torch.Tensor | None] = [None] * layers
+        self.v: list[torch.Tensor | None] = [None] * layers
+
+    def __len__(self):
+        return 0 if self.k[0] is None else self.k[0].shape[0]
+
+
+class DynamicView:
+    def __init__(self, caches: list[RequestKV], positions: torch.Tensor):
+        self.caches = caches
+        self.positions = positions
+        self.mask = None
+
+    def update(self, layer, k, v):
+        for b, cache in enumerate(self.caches):
+            cache.k[layer] = k[b] if cache.k[layer] is None else torch.cat((cache.k[layer], k[b]))
+            cache.v[layer] = v[b] if cache.v[layer] is None else torch.cat((cache.v[layer], v[b]))
+        keys = pad_sequence([c.k[layer] for c in self.caches], batch_first=True)
+        values = pad_sequence([c.v[layer] for c in self.caches], batch_first=True)
+        if self.mask is None:  # same for every layer
+            key_pos = torch.arange(keys.shape[1], device=keys.device)
+            self.mask = _mask(key_pos, self.positions)
+        return keys, values, self.mask
+
+
+class StaticKV:
+    def __init__(self, layers: int, slots: int, max_len: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        shape = (layers, slots, max_len, kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.key_pos = torch.arange(max_len, device=device)
+        self.slots, self.max_len = slots, max_len
+
+    def view(self, first_slot: int, positions: torch.Tensor) -> "StaticView":
+        return StaticView(self, first_slot, positions)
+
+
+class StaticView:
+    """Rows first_slot .. first_slot+B of the static buffers; row b's queries sit at positions[b]."""
+
+    def __init__(self, kv: StaticKV, first_slot: int, positions: torch.Tensor):
+        b, s = positions.shape
+        self.kv, self.first, self.count = kv, first_slot, b
+        self.rows = (torch.arange(b, device=positions.device) + first_slot)[:, None].expand(b, s)
+        self.positions = positions
+        self.mask = _mask(kv.key_pos, positions)
+
+    def update(self, layer, k, v):
+        self.kv.k[layer].index_put_((self.rows, self.positions), k)
+        self.kv.v[layer].index_put_((self.rows, self.positions), v)
+        rows = slice(self.first, self.first + self.count)
+        return self.kv.k[layer][rows], self.kv.v[layer][rows], self.mask

@@ -1,0 +1,108 @@
+"""Qwen3-style building blocks: RMSNorm, rotary positions, grouped-query attention, SwiGLU.
+
+Attention does not own its KV cache.  It hands this step's keys and values to a
+cache view (engine/kv_cache.py) that the model runner chose, and gets back the
+keys and values to attend over plus a mask.  That is what lets runner v1
+(per-request dynamic caches) and v2 (static slot buffers, graph-capturable)
+share every layer.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.presets import DecoderShape
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Rotary(nn.Module):
+    def __init__(self, head_dim: int, theta: float, max_positions: int = 65536):
+        super().__init__()
+        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv)
+        self.register_buffer("cos", freqs.cos(), persistent=False)
+        self.register_buffer("sin", freqs.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # x [B, S, H, D]; positions [B, S]
+        cos = self.cos[positions].unsqueeze(2).to(x.dtype)
+        sin = self.sin[positions].unsqueeze(2).to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, shape: DecoderShape, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
+        self.q_proj = nn.Linear(shape.hidden, shape.heads * shape.head_dim, bias=False)
+        self.k_proj = nn.Linear(shape.hidden, shape.kv_heads * shape.head_dim, bias=False)
+        self.v_proj = nn.Linear(shape.hidden, shape.kv_heads * shape.head_dim, bias=False)
+        self.o_proj = nn.Linear(shape.heads * shape.head_dim, shape.hidden, bias=False)
+        self.q_norm = RMSNorm(shape.head_dim)
+        self.k_norm = RMSNorm(shape.head_dim)
+
+    def forward(self, x, positions, rotary: Rotary, cache):
+        b, s, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, s, self.heads, self.head_dim))
+        k = self.k_norm(self.k_proj(x).view(b, s, self.kv_heads, self.head_dim))
+        v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim)
+        q, k = rotary(q, positions), rotary(k, positions)
+        keys, values, mask = cache.update(self.layer_idx, k, v)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+            attn_mask=mask.unsqueeze(1), enable_gqa=self.heads != self.kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.down = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, shape: DecoderShape, layer_idx: int):
+        super().__init__()
+        self.input_norm = RMSNorm(shape.hidden)
+        self.attn = Attention(shape, layer_idx)
+        self.post_norm = RMSNorm(shape.hidden)
+        self.mlp = SwiGLU(shape.hidden, shape.intermediate)
+
+    def forward(self, x, positions, rotary, cache):
+        x = x + self.attn(self.input_norm(x), positions, rotary, cache)
+        return x + self.mlp(self.post_norm(x))
+
+
+class Decoder(nn.Module):
+    """A stack of decoder layers with a final norm; embeddings and heads belong to the model."""
+
+    def __init__(self, shape: DecoderShape, max_positions: int = 65536):
+        super().__init__()
+        self.rotary = Rotary(shape.head_dim, shape.rope_theta, max_positions)
+        self.layers = nn.ModuleList(DecoderLayer(shape, i) for i in range(shape.layers))
+        self.norm = RMSNorm(shape.hidden)
+
+    def forward(self, x, positions, cache):
+        for layer in self.layers:
+            x = layer(x, positions, self.rotary, cache)
+        return self.norm(x)

@@ -1,0 +1,37 @@
+"""Stage process entry point.  Kept import-light: the process group is joined before torch loads."""
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import time
+
+STACK_DUMP_SIGNAL = signal.SIGUSR1
+
+
+def join_group(leader_pid: int | None) -> None:
+    """Stage 0 leads a new process group; every other stage (and its children) joins it."""
+    if leader_pid is None:
+        os.setpgid(0, 0)
+        return
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.setpgid(0, leader_pid)
+            return
+        except PermissionError:   # the leader has not made its group yet
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
+def stage_main(stage_id: int, leader_pid: int | None, profile, queues, parent_pid: int) -> None:
+    join_group(leader_pid)
+    faulthandler.register(STACK_DUMP_SIGNAL, file=sys.stderr, all_threads=True)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the engine, not ^C, ends stages
+    if stage_id == 0:
+        from engine.stage0 import run
+    else:
+        from engine.stage1 import run
+    run(profile, queues, parent_pid)

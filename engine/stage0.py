@@ -1,0 +1,158 @@
+"""Stage 0 process: schedule requests, run the talker and code predictor, hand frames off.
+
+One iteration: admit waiting requests (prefill, within max_num_seqs and the
+max_num_batched_tokens prompt budget), decode one frame for every running
+request, sample, then hand off whatever windows are due.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+import torch
+
+from engine.handoff import HandoffPolicy
+from engine.model_runner import Sequence, make_runner
+from engine.models import build_models
+from engine.presets import CODEBOOKS, SAMPLES_PER_FRAME, SAMPLE_RATE
+from engine.sampling import RequestSampler, SamplingParams, sample_first
+from engine.stage_loop import device_for, drain, fatal, setup_threads
+from engine.tokenizer import frames_for_text
+
+
+class Talker:
+    def __init__(self, profile, handoff_q, out_q):
+        cfg = profile.config
+        self.stage = profile.stage(0)
+        self.device = device_for(profile, self.stage)
+        self.models = build_models(cfg.model.preset, cfg.model.seed, cfg.model.checkpoint, cfg.model.dtype,
+                                   str(self.device), parts=("talker",))
+        graphs = not self.stage.enforce_eager
+        self.max_len = self.stage.max_model_len
+        self.runner = make_runner(cfg.model_runner, self.models, self.stage, self.device, graphs, self.max_len)
+        self.policy = HandoffPolicy(cfg.async_chunk, profile.connector())
+        self.handoff_q, self.out_q = handoff_q, out_q
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.sent: dict[str, int] = {}
+        self.started: dict[str, float] = {}
+        self.steps = 0
+
+    def add(self, req) -> None:
+        target = frames_for_text(req.text) if self.models.synthetic else None
+        params = SamplingParams.for_request(req, self.stage.default_sampling_params, target)
+        prompt = self.models.talker.prompt_embeds(req)
+        longest = prompt.shape[0] + min(params.max_tokens, target or params.max_tokens) + 1
+        if longest > self.max_len:
+            self.out_q.put(("error", req.request_id, 0,
+                            f"prompt of {prompt.shape[0]} positions plus up to {longest - prompt.shape[0]} frames "
+                            f"exceeds stages.0.max_model_len={self.max_len}"))
+            return
+        self.started[req.request_id] = time.monotonic()
+        self.waiting.append(Sequence(req, RequestSampler(params), prompt))
+
+    def abort(self, request_id: str) -> None:
+        for seq in [s for s in self.waiting if s.request_id == request_id]:
+            self.waiting.remove(seq)
+        for seq in [s for s in self.running if s.request_id == request_id]:
+            self.running.remove(seq)
+            self.runner.release(seq)
+        self.sent.pop(request_id, None)
+        self.started.pop(request_id, None)
+        self.handoff_q.put(("abort", request_id))
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self.steps += 1
+        rows: list[Sequence] = []
+        hiddens, logits = [], []
+        if self.running:
+            h, lg = self.runner.decode(self.running)
+            rows += self.running
+            hiddens.append(h)
+            logits.append(lg)
+        budget = self.stage.max_num_batched_tokens
+        admitted = []
+        while self.waiting and len(self.running) + len(admitted) < self.stage.max_num_seqs:
+            seq = self.waiting[0]
+            if admitted and seq.prompt.shape[0] > budget:
+                break
+            self.waiting.popleft()
+            budget -= seq.prompt.shape[0]
+            self.runner.add(seq)
+            h, lg = self.runner.prefill(seq)
+            admitted.append(seq)
+            hiddens.append(h[None])
+            logits.append(lg[None])
+        rows += admitted
+        self.running += admitted
+        if not rows:
+            return
+        hidden, logit = torch.cat(hiddens), torch.cat(logits)
+        samplers = [s.sampler for s in rows]
+        c0 = sample_first(logit, samplers)
+        stops = set(self.stage.default_sampling_params.stop_token_ids)
+        live = [i for i, t in enumerate(c0) if t not in stops]
+        if live:
+            idx = torch.tensor(live, device=self.device)
+            codes = self.runner.residual_codes(hidden[idx], [c0[i] for i in live], [samplers[i] for i in live])
+            embeds = self.runner.frame_embeds(codes)
+            for k, i in enumerate(live):
+                rows[i].frames.append(codes[k])
+                rows[i].next_embed = embeds[k]
+        for i, seq in enumerate(rows):
+            finished = c0[i] in stops
+            self._hand_off(seq, finished)
+            if finished:
+                self._finish(seq)
+
+    def _hand_off(self, seq: Sequence, finished: bool) -> None:
+        rid = seq.request_id
+        window = self.policy.window(seq.frames, self.sent.get(rid, 0), finished, rid)
+        if window is not None:
+            self.sent[rid] = window.start + len(window.codes)
+            self.handoff_q.put(window)
+
+    def _finish(self, seq: Sequence) -> None:
+        rid = seq.request_id
+        self.running.remove(seq)
+        self.runner.release(seq)
+        p = seq.sampler.params
+        reason = "finished_length" if len(seq.frames) >= p.max_tokens else "finished_stopped"
+        codes = np.stack(seq.frames) if seq.frames else np.zeros((0, CODEBOOKS), dtype=np.int64)
+        elapsed = time.monotonic() - self.started.pop(rid)
+        self.sent.pop(rid, None)
+        self.out_q.put(("codes", rid, codes, reason, {"stage0_s": elapsed,
+                                                      "audio_s": len(codes) * SAMPLES_PER_FRAME / SAMPLE_RATE}))
+
+
+def run(profile, queues, parent_pid: int) -> None:
+    in_q, handoff_q, out_q = queues
+    setup_threads()
+    try:
+        talker = Talker(profile, handoff_q, out_q)
+        out_q.put(("ready", 0, {"runner": talker.runner.name, "graphs": bool(talker.runner.capture_sizes),
+                                "captured": sorted(getattr(talker.runner, "pool", None).graphs)
+                                if getattr(talker.runner, "pool", None) else []}))
+        while True:
+            for msg in drain(in_q, block=not talker.busy, parent_pid=parent_pid):
+                kind = msg[0]
+                if kind == "add":
+                    talker.add(msg[1])
+                elif kind == "abort":
+                    talker.abort(msg[1])
+                elif kind == "stop":
+                    handoff_q.put(("stop",))
+                    return
+            if talker.busy:
+                talker.step()
+    except SystemExit:
+        raise
+    except BaseException:
+        fatal(out_q, 0)
+        raise

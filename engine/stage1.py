@@ -1,0 +1,84 @@
+"""Stage 1 process: code2wav.  Decodes each handed-off window with left context.
+
+A window [start, end) is decoded together with up to codec_left_context_frames
+frames before it, and only the new frames' samples are emitted.  Because the
+decoder's receptive field fits in that context, the stream equals a whole-payload
+decode.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from engine.models import build_models
+from engine.presets import SAMPLES_PER_FRAME
+from engine.request import AudioChunk, Frames
+from engine.stage_loop import device_for, drain, fatal, setup_threads
+
+
+class Code2Wav:
+    def __init__(self, profile, out_q):
+        cfg = profile.config
+        self.stage = profile.stage(1)
+        self.device = device_for(profile, self.stage)
+        self.codec = build_models(cfg.model.preset, cfg.model.seed, cfg.model.checkpoint, cfg.model.dtype,
+                                  str(self.device), parts=("codec",)).codec
+        self.left_context = profile.connector().codec_left_context_frames
+        if self.codec.shape.receptive_field > self.left_context:
+            print(f"code2wav: left context {self.left_context} < receptive field "
+                  f"{self.codec.shape.receptive_field}; chunk edges will differ from a whole decode", flush=True)
+        self.out_q = out_q
+        self.codes: dict[str, np.ndarray] = {}
+        self.chunks: dict[str, int] = {}
+        self.first_seen: dict[str, float] = {}
+
+    @torch.no_grad()
+    def decode(self, window: Frames) -> None:
+        rid = window.request_id
+        self.first_seen.setdefault(rid, time.monotonic())
+        have = self.codes.get(rid, np.zeros((0, window.codes.shape[1]), dtype=np.int64))
+        codes = np.concatenate((have[:window.start], window.codes))
+        ctx = max(0, window.start - self.left_context)
+        if len(window.codes):
+            batch = torch.as_tensor(codes[ctx:], device=self.device)[None]
+            audio = self.codec(batch, first_position=ctx)[0, (window.start - ctx) * SAMPLES_PER_FRAME:]
+            audio = audio.float().cpu().numpy()
+        else:
+            audio = np.zeros(0, dtype=np.float32)
+        index = self.chunks.get(rid, 0)
+        self.out_q.put(AudioChunk(rid, index, audio, window.final))
+        if window.final:
+            self.codes.pop(rid, None)
+            self.chunks.pop(rid, None)
+            self.out_q.put(("stage1_done", rid, time.monotonic() - self.first_seen.pop(rid)))
+        else:
+            self.codes[rid] = codes
+            self.chunks[rid] = index + 1
+
+    def abort(self, request_id: str) -> None:
+        self.codes.pop(request_id, None)
+        self.chunks.pop(request_id, None)
+        self.first_seen.pop(request_id, None)
+
+
+def run(profile, queues, parent_pid: int) -> None:
+    _, handoff_q, out_q = queues
+    setup_threads()
+    try:
+        worker = Code2Wav(profile, out_q)
+        out_q.put(("ready", 1, {}))
+        while True:
+            for msg in drain(handoff_q, block=True, parent_pid=parent_pid):
+                if isinstance(msg, Frames):
+                    worker.decode(msg)
+                elif msg[0] == "abort":
+                    worker.abort(msg[1])
+                elif msg[0] == "stop":
+                    return
+    except SystemExit:
+        raise
+    except BaseException:
+        fatal(out_q, 1)
+        raise

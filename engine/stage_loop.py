@@ -1,0 +1,34 @@
+"""What both stage loops share: device and threads, draining the inbox, parent-death checks."""
+from __future__ import annotations
+
+import os
+import queue
+import traceback
+
+import torch
+
+
+def device_for(profile, stage_cfg) -> torch.device:
+    if profile.platform == "cuda":
+        return torch.device(f"cuda:{stage_cfg.devices.split(',')[0]}")
+    return torch.device("cpu")
+
+
+def setup_threads() -> None:
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+
+
+def drain(inbox, block: bool, parent_pid: int, timeout: float = 0.25) -> list:
+    """Everything waiting in the inbox; when idle, block a little.  Exits if the parent is gone."""
+    items = []
+    while True:
+        try:
+            items.append(inbox.get(block=block and not items, timeout=timeout))
+        except queue.Empty:
+            if block and not items and os.getppid() != parent_pid:
+                raise SystemExit(0)   # orphaned: the engine that owned us is gone
+            return items
+
+
+def fatal(out_q, stage_id: int) -> None:
+    out_q.put(("fatal", stage_id, traceback.format_exc()))
