@@ -11,6 +11,7 @@ import json
 import sys
 
 from engine.config import PLATFORMS, ProfileError, check_file, dump_yaml, resolve
+from engine.request import RequestError
 
 
 class UsageError(Exception):
@@ -72,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("paths", nargs="*", help="profile files (default: every profile)")
     check.set_defaults(func=cmd_profile_check)
 
+    from ci import synth
+
+    synth.add_parser(sub, _profile_args)
     return parser
 
 
@@ -80,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ProfileError, UsageError) as e:
+    except (ProfileError, UsageError, RequestError) as e:
         print(f"lanekeeper: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -421,6 +421,10 @@ def _check(profile: ResolvedProfile) -> None:
             f"model_runner v2 is not implemented on {profile.platform} "
             f"(set by {profile.sources.get('model_runner', 'schema default')}); use v1",
             path=profile.path, key="model_runner")
+    ckpt = cfg.model.checkpoint
+    if ckpt and not Path(ckpt).is_file():
+        raise ProfileError(f"checkpoint file not found: {ckpt} (set by {profile.sources.get('model.checkpoint')})",
+                           path=profile.path, key="model.checkpoint")
     ids = sorted(s.stage_id for s in cfg.stages)
     if ids != [0, 1]:
         raise ProfileError(f"expected stages 0 (talker) and 1 (code2wav), got {ids}", path=profile.path, key="stages")

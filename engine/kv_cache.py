@@ -4,7 +4,9 @@
 - `DynamicView`: runner v1; each request owns growing per-layer tensors and the batch is
   padded together anew every step.
 - `StaticView`: runner v2; rows of preallocated [layers, slots, max_len] buffers, written
-  with index_put_ so that a decode step can be captured in a CUDA graph.
+  with index_put_ so that a decode step can be captured in a CUDA graph.  A captured step
+  attends over all max_len keys; an uncaptured one over a bucket that covers the
+  positions in use, which gives the same result for less work.
 """
 from __future__ import annotations
 
@@ -65,22 +67,23 @@ class StaticKV:
         self.key_pos = torch.arange(max_len, device=device)
         self.slots, self.max_len = slots, max_len
 
-    def view(self, first_slot: int, positions: torch.Tensor) -> "StaticView":
-        return StaticView(self, first_slot, positions)
+    def view(self, first_slot: int, positions: torch.Tensor, key_len: int | None = None) -> "StaticView":
+        return StaticView(self, first_slot, positions, key_len or self.max_len)
 
 
 class StaticView:
     """Rows first_slot .. first_slot+B of the static buffers; row b's queries sit at positions[b]."""
 
-    def __init__(self, kv: StaticKV, first_slot: int, positions: torch.Tensor):
+    def __init__(self, kv: StaticKV, first_slot: int, positions: torch.Tensor, key_len: int):
         b, s = positions.shape
-        self.kv, self.first, self.count = kv, first_slot, b
+        self.kv, self.first, self.count, self.key_len = kv, first_slot, b, key_len
         self.rows = (torch.arange(b, device=positions.device) + first_slot)[:, None].expand(b, s)
         self.positions = positions
-        self.mask = _mask(kv.key_pos, positions)
+        self.mask = _mask(kv.key_pos[:key_len], positions)
 
     def update(self, layer, k, v):
         self.kv.k[layer].index_put_((self.rows, self.positions), k)
         self.kv.v[layer].index_put_((self.rows, self.positions), v)
         rows = slice(self.first, self.first + self.count)
-        return self.kv.k[layer][rows], self.kv.v[layer][rows], self.mask
+        keys = slice(0, self.key_len)
+        return self.kv.k[layer][rows, keys], self.kv.v[layer][rows, keys], self.mask

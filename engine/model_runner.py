@@ -175,13 +175,13 @@ class V2Runner(ModelRunner):
     def prefill(self, seq: Sequence):
         s = seq.prompt.shape[0]
         positions = torch.arange(s, device=self.device)[None]
-        hidden, logits = self.talker(seq.prompt[None], positions, self.kv.view(seq.slot, positions))
+        hidden, logits = self.talker(seq.prompt[None], positions, self.kv.view(seq.slot, positions, _bucket(s)))
         seq.num_tokens = s
         return hidden[0, -1], logits[0, -1]
 
-    def _decode_static(self, bs: int):
+    def _decode_static(self, bs: int, key_len: int | None = None):
         positions = self.in_pos[:bs]
-        hidden, logits = self.talker(self.in_embeds[:bs], positions, self.kv.view(0, positions))
+        hidden, logits = self.talker(self.in_embeds[:bs], positions, self.kv.view(0, positions, key_len))
         return hidden[:, 0], logits[:, 0]
 
     @torch.no_grad()
@@ -192,9 +192,17 @@ class V2Runner(ModelRunner):
             s.num_tokens += 1
         n = max(self.slots) + 1            # persistent batch: rows 0..n-1, holes are padding
         bs = self.pool.padded(n) if self.pool else None
-        hidden, logits = self.pool(bs) if bs else self._decode_static(n)
+        if bs and bs in self.pool.graphs:
+            hidden, logits = self.pool(bs)
+        else:  # no capture (CPU, graphs off, or past the largest size): same static path, fewer keys
+            key_len = min(self.max_len, _bucket(max(s.num_tokens for s in self.slots.values())))
+            hidden, logits = self._decode_static(bs or n, key_len)
         rows = torch.tensor([s.slot for s in seqs], device=self.device)
         return hidden[rows], logits[rows]
+
+
+def _bucket(n: int, step: int = 256) -> int:
+    return -(-n // step) * step
 
 
 def make_runner(name: str, models, stage_cfg, device, graphs: bool, max_len: int) -> ModelRunner:

@@ -58,9 +58,12 @@ def sample_rows(logits: torch.Tensor, samplers: list["RequestSampler"]) -> list[
         sorted_p, idx = probs.sort(-1, descending=True)
         drop = (sorted_p.cumsum(-1) - sorted_p) > top_p[:, None]
         probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p.masked_fill(drop, 0.0))
-    probs = probs.cpu()
-    for i, b in enumerate(hot):
-        out[b] = int(torch.multinomial(probs[i], 1, generator=samplers[b].gen))
+    # Inverse-CDF draw: one uniform per row from that row's own generator.
+    u = torch.cat([torch.rand(1, generator=samplers[b].gen) for b in hot]).to(probs.device)
+    cdf = probs.cumsum(-1)
+    picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=vocab - 1)[:, 0].tolist()
+    for b, token in zip(hot, picked):
+        out[b] = token
     return out
 
 

@@ -48,12 +48,12 @@ class Code2Wav:
         else:
             audio = np.zeros(0, dtype=np.float32)
         index = self.chunks.get(rid, 0)
-        self.out_q.put(AudioChunk(rid, index, audio, window.final))
-        if window.final:
+        if window.final:  # timing first: the final chunk completes the request on the other side
             self.codes.pop(rid, None)
             self.chunks.pop(rid, None)
             self.out_q.put(("stage1_done", rid, time.monotonic() - self.first_seen.pop(rid)))
-        else:
+        self.out_q.put(AudioChunk(rid, index, audio, window.final))
+        if not window.final:
             self.codes[rid] = codes
             self.chunks[rid] = index + 1
 
