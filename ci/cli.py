@@ -11,6 +11,7 @@ import json
 import sys
 
 from engine.config import PLATFORMS, ProfileError, check_file, dump_yaml, resolve
+from engine.engine import EngineError
 from engine.request import RequestError
 
 
@@ -87,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ProfileError, UsageError, RequestError) as e:
         print(f"lanekeeper: error: {e}", file=sys.stderr)
         return 2
+    except EngineError as e:
+        print(f"lanekeeper: engine failed: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

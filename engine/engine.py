@@ -32,7 +32,9 @@ _LIVE: "weakref.WeakSet[TTSEngine]" = weakref.WeakSet()
 
 
 class EngineError(RuntimeError):
-    pass
+    def __init__(self, message: str, detail: str | None = None):
+        super().__init__(message)
+        self.detail = detail   # the stage's traceback, when there is one
 
 
 def live_engine_pids() -> set[int]:
@@ -123,7 +125,8 @@ class TTSEngine:
             if msg[0] == "ready":
                 self.info[msg[1]] = msg[2]
             elif msg[0] == "fatal":
-                raise EngineError(f"stage {msg[1]} ({STAGE_NAMES[msg[1]]}) failed during start-up:\n{msg[2]}")
+                raise EngineError(f"stage {msg[1]} ({STAGE_NAMES[msg[1]]}) failed during start-up: "
+                                  f"{msg[2].strip().splitlines()[-1]}", detail=msg[2])
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs if p.pid is not None and not self.closed]

@@ -151,6 +151,7 @@ class V2Runner(ModelRunner):
     def __init__(self, models, stage_cfg, device, graphs, max_len):
         super().__init__(models, stage_cfg, device, graphs, max_len)
         shape = self.talker.shape
+        _check_kv_fits(shape, self.max_seqs, max_len, self.dtype, device, stage_cfg.gpu_memory_utilization)
         self.kv = StaticKV(shape.layers, self.max_seqs, max_len, shape.kv_heads, shape.head_dim, self.dtype, device)
         self.free = list(range(self.max_seqs))
         self.slots: dict[int, Sequence] = {}
@@ -199,6 +200,27 @@ class V2Runner(ModelRunner):
             hidden, logits = self._decode_static(bs or n, key_len)
         rows = torch.tensor([s.slot for s in seqs], device=self.device)
         return hidden[rows], logits[rows]
+
+
+class CapacityError(RuntimeError):
+    """The profile asks for more static KV cache than the memory budget allows."""
+
+
+def _check_kv_fits(shape, slots, max_len, dtype, device, utilization) -> None:
+    need = 2 * shape.layers * slots * max_len * shape.kv_heads * shape.head_dim * torch.finfo(dtype).bits // 8
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+    else:
+        import psutil
+
+        total = psutil.virtual_memory().total
+    budget = utilization * total
+    if need > budget:
+        gib = 1024 ** 3
+        raise CapacityError(
+            f"runner v2's static KV cache for {slots} seqs x {max_len} positions needs {need / gib:.1f} GiB, "
+            f"but stages.0.gpu_memory_utilization={utilization} of {total / gib:.0f} GiB on {device.type} "
+            f"allows {budget / gib:.1f} GiB; lower stages.0.max_num_seqs or stages.0.max_model_len, or use runner v1")
 
 
 def _bucket(n: int, step: int = 256) -> int:

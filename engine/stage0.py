@@ -13,11 +13,11 @@ import numpy as np
 import torch
 
 from engine.handoff import HandoffPolicy
-from engine.model_runner import Sequence, make_runner
+from engine.model_runner import CapacityError, Sequence, make_runner
 from engine.models import build_models
 from engine.presets import CODEBOOKS, SAMPLES_PER_FRAME, SAMPLE_RATE
 from engine.sampling import RequestSampler, SamplingParams, sample_first
-from engine.stage_loop import device_for, drain, fatal, setup_threads
+from engine.stage_loop import device_for, drain, fatal, setup_torch
 from engine.tokenizer import frames_for_text
 
 
@@ -133,7 +133,7 @@ class Talker:
 
 def run(profile, queues, parent_pid: int) -> None:
     in_q, handoff_q, out_q = queues
-    setup_threads()
+    setup_torch()
     try:
         talker = Talker(profile, handoff_q, out_q)
         out_q.put(("ready", 0, {"runner": talker.runner.name, "graphs": bool(talker.runner.capture_sizes),
@@ -153,6 +153,9 @@ def run(profile, queues, parent_pid: int) -> None:
                 talker.step()
     except SystemExit:
         raise
+    except CapacityError as e:   # a configuration problem: the message is the whole story
+        out_q.put(("fatal", 0, f"CapacityError: {e}"))
+        raise SystemExit(1)
     except BaseException:
         fatal(out_q, 0)
         raise

@@ -15,7 +15,7 @@ import torch
 from engine.models import build_models
 from engine.presets import SAMPLES_PER_FRAME
 from engine.request import AudioChunk, Frames
-from engine.stage_loop import device_for, drain, fatal, setup_threads
+from engine.stage_loop import device_for, drain, fatal, setup_torch
 
 
 class Code2Wav:
@@ -65,7 +65,7 @@ class Code2Wav:
 
 def run(profile, queues, parent_pid: int) -> None:
     _, handoff_q, out_q = queues
-    setup_threads()
+    setup_torch()
     try:
         worker = Code2Wav(profile, out_q)
         out_q.put(("ready", 1, {}))

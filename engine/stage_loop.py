@@ -14,8 +14,14 @@ def device_for(profile, stage_cfg) -> torch.device:
     return torch.device("cpu")
 
 
-def setup_threads() -> None:
+def setup_torch() -> None:
+    """Half the cores per stage (two stages share the machine); exact fp32 on CUDA.
+
+    TF32 is off so that float32 results on CUDA match the CPU reference closely.
+    """
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
 
 
 def drain(inbox, block: bool, parent_pid: int, timeout: float = 0.25) -> list:

@@ -28,51 +28,55 @@ class CheckpointError(ValueError):
     pass
 
 
-def _build(preset: Preset) -> tuple[Talker, CodePredictor, CodecDecoder]:
-    talker = Talker(preset.talker)
-    return talker, CodePredictor(preset.code_predictor, preset.talker.hidden), CodecDecoder(preset.codec)
-
-
 def build_models(preset: str = "tiny", seed: int = 0, checkpoint: str | None = None,
                  dtype: str = "float32", device: str = "cpu", parts=("talker", "codec")) -> Models:
-    """Build the stage models.  `parts` lets each stage process build only what it runs."""
+    """Build the stage models.  `parts` lets each stage process build only what it runs.
+
+    Weights are drawn on the CPU from `seed` (one offset per module), so every part is
+    the same whichever parts are built and on whatever device they then run.
+    """
     shape = PRESETS[preset]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        talker, cp, codec = _build(shape)
+    makers = {"talker": lambda: Talker(shape.talker),
+              "code_predictor": lambda: CodePredictor(shape.code_predictor, shape.talker.hidden),
+              "codec": lambda: CodecDecoder(shape.codec)}
+    wanted = [name for name in makers if name in parts or (name == "code_predictor" and "talker" in parts)]
+    built = {}
+    for offset, name in enumerate(makers):
+        if name not in wanted:
+            continue
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed * 1000 + offset)
+            built[name] = makers[name]()
+    with torch.no_grad():
         # Random init gives the talker near-uniform logits; widen them so sampling has a shape.
-        # The codec's last conv is scaled so seeded audio has speech-like level, not a DC offset.
-        with torch.no_grad():
-            talker.codec_head.weight.mul_(8.0)
-            w = codec.out.conv.weight
-            w.sub_(w.mean(-1, keepdim=True)).mul_(40.0)   # each tap set sums to zero: no DC
-            codec.out.conv.bias.zero_()
+        if "talker" in built:
+            built["talker"].codec_head.weight.mul_(8.0)
+        # Scale the codec's last conv so seeded audio has speech-like level, and make each
+        # tap set sum to zero so the output carries no DC offset.
+        if "codec" in built:
+            w = built["codec"].out.conv.weight
+            w.sub_(w.mean(-1, keepdim=True)).mul_(40.0)
+            built["codec"].out.conv.bias.zero_()
     synthetic = True
     if checkpoint:
-        synthetic = load_checkpoint(checkpoint, talker, cp, codec)
-    if "talker" not in parts:
-        talker = cp = None
-    if "codec" not in parts:
-        codec = None
-    mods = [m for m in (talker, cp, codec) if m is not None]
-    for m in mods:
+        synthetic = load_checkpoint(checkpoint, built)
+    for m in built.values():
         m.to(device=device, dtype=DTYPES[dtype]).eval().requires_grad_(False)
-    return Models(shape, talker, cp, codec, synthetic)
-
-
-def _modules(talker, cp, codec):
-    return {"talker": talker, "code_predictor": cp, "codec": codec}
+    return Models(shape, built.get("talker"), built.get("code_predictor"), built.get("codec"), synthetic)
 
 
 def save_checkpoint(models: Models, path: str | Path) -> None:
     tensors = {}
-    for prefix, module in _modules(models.talker, models.code_predictor, models.codec).items():
+    modules = {"talker": models.talker, "code_predictor": models.code_predictor, "codec": models.codec}
+    for prefix, module in modules.items():
+        if module is None:
+            raise ValueError(f"cannot save a checkpoint without {prefix}; build every part")
         for key, value in module.state_dict().items():
             tensors[f"{prefix}.{key}"] = value.detach().contiguous().cpu()
     save_file(tensors, str(path), metadata={"preset": models.preset.name, "synthetic": str(models.synthetic).lower()})
 
 
-def load_checkpoint(path: str | Path, talker, cp, codec) -> bool:
+def load_checkpoint(path: str | Path, modules: dict[str, torch.nn.Module]) -> bool:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -82,7 +86,7 @@ def load_checkpoint(path: str | Path, talker, cp, codec) -> bool:
         tensors = load_file(str(path))
     except Exception as e:  # safetensors raises its own error types for a corrupt header
         raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
-    for prefix, module in _modules(talker, cp, codec).items():
+    for prefix, module in modules.items():
         own = {k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
         try:
             module.load_state_dict(own, strict=True)

@@ -1,0 +1,73 @@
+"""Offline throughput per matrix cell: engine start, frames/s and audio-s/s for one batch.
+
+    python benchmarks/offline_matrix.py --platform cuda --preset 0.6b --batch 64
+    python benchmarks/offline_matrix.py --platform cpu --batch 8
+
+Prints a Markdown table.  Each cell starts its own engine (CUDA graph capture is part
+of the start time), runs one warm-up request, then times one batch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from ci.matrix import cells
+from engine.config import resolve
+from engine.engine import TTSEngine
+from engine.request import SpeechRequest
+
+
+def bench_cell(cell, args) -> dict:
+    overrides = cell.overrides + [f"model.preset={args.preset}", f"model.dtype={args.dtype}",
+                                  f"stages.0.max_num_seqs={args.batch}", f"stages.1.max_num_seqs={args.batch}"]
+    overrides += args.overrides
+    profile = resolve("qwen3_tts", platform=args.platform, overrides=overrides)
+    t0 = time.perf_counter()
+    with TTSEngine(profile) as engine:
+        start_s = time.perf_counter() - t0
+        engine.generate([SpeechRequest("Warm up the kernels.", seed=0)])
+        text = "x" * args.text_bytes
+        requests = [SpeechRequest(text, voice="ryan", seed=i) for i in range(args.batch)]
+        t0 = time.perf_counter()
+        results = engine.generate(requests)
+        wall = time.perf_counter() - t0
+        info = engine.info[0]
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok][:1]
+    frames = sum(len(r.codes) for r in results)
+    audio = sum(r.duration_s for r in results)
+    ttfa = sorted(r.timings["first_audio_s"] for r in results)
+    return {"cell": cell.id, "start_s": start_s, "captured": info.get("captured", []), "wall_s": wall,
+            "frames": frames, "frames_per_s": frames / wall, "audio_s_per_s": audio / wall,
+            "first_audio_p50_ms": 1000 * ttfa[len(ttfa) // 2]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--platform", default=None)
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--text-bytes", type=int, default=60, help="input length; frames = 0.8 * bytes + 2")
+    ap.add_argument("--runner", action="append")
+    ap.add_argument("--cuda-graph", action="append")
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--json", help="also write rows to this file")
+    args = ap.parse_args()
+    rows = []
+    print(f"preset={args.preset} dtype={args.dtype} batch={args.batch} text_bytes={args.text_bytes}")
+    print("| cell | start s | captured sizes | batch wall s | frames | frames/s | audio-s/s | first audio p50 ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for cell in cells(runners=args.runner or ("v1", "v2"), cuda_graphs=args.cuda_graph or ("on", "off")):
+        row = bench_cell(cell, args)
+        rows.append(row)
+        print(f"| {row['cell']} | {row['start_s']:.1f} | {row['captured'] or '-'} | {row['wall_s']:.2f} | "
+              f"{row['frames']} | {row['frames_per_s']:.0f} | {row['audio_s_per_s']:.1f} | "
+              f"{row['first_audio_p50_ms']:.0f} |", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""Engine processes: one group, always ended, even when a test fails or a stage wedges."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from engine.config import resolve
+from engine.engine import TTSEngine
+from engine.request import SpeechRequest
+
+
+def _gone(pids, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def profile():
+    return resolve("qwen3_tts", platform="cpu")
+
+
+def test_stages_share_one_process_group(profile):
+    with TTSEngine(profile) as engine:
+        pids = engine.pids()
+        assert len(pids) == 2
+        assert {os.getpgid(p) for p in pids} == {pids[0]} != {os.getpgid(0)}
+    assert _gone(pids)
+
+
+def test_failure_mid_generation_leaves_nothing(profile):
+    pids = []
+    with pytest.raises(RuntimeError, match="boom"):
+        with TTSEngine(profile) as engine:
+            pids = engine.pids()
+            for chunk in engine.stream(SpeechRequest("a long sentence " * 8)):
+                raise RuntimeError("boom")
+    assert pids and _gone(pids)
+
+
+def test_wedged_stage_is_killed(profile):
+    engine = TTSEngine(profile)
+    pids = engine.pids()
+    os.kill(pids[0], signal.SIGSTOP)   # stage 0 can no longer answer "stop"
+    t0 = time.monotonic()
+    engine.close(timeout=1.0)
+    assert time.monotonic() - t0 < 10
+    assert _gone(pids)
+
+
+def test_dead_stage_fails_requests_instead_of_hanging(profile):
+    with TTSEngine(profile) as engine:
+        os.kill(engine.pids()[1], signal.SIGKILL)
+        (result,) = engine.generate([SpeechRequest("Nobody decodes this.")], timeout=30)
+        assert result.status == "finished_error"
+        assert result.error["kind"] == "StageDied" and result.error["stage"] == 1
+
+
+def test_orphaned_stages_exit(tmp_path):
+    """If the process that owns the engine dies without closing it, the stages notice and exit."""
+    script = textwrap.dedent("""
+        import os, sys
+        from engine.config import resolve
+        from engine.engine import TTSEngine
+        if __name__ == "__main__":
+            engine = TTSEngine(resolve("qwen3_tts", platform="cpu"))
+            print(*engine.pids(), flush=True)
+            os._exit(0)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 2, out.stderr
+    try:
+        assert _gone(pids, timeout=15)
+    finally:
+        for p in pids:
+            try:
+                os.killpg(p, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def test_guard_fails_a_test_that_leaks_an_engine(pytester):
+    pytester.makepyfile(test_leak="""
+        from engine.config import resolve
+        from engine.engine import TTSEngine, _LIVE
+
+        def test_leaks():
+            engine = TTSEngine(resolve("qwen3_tts", platform="cpu"))
+            _LIVE.discard(engine)          # forget it, as a buggy test would
+            engine._finalizer.detach()
+            print("PIDS", *engine.pids())
+
+        def test_next():
+            pass
+    """)
+    result = pytester.runpytest_subprocess("-p", "ci.pytest_plugin", "-s")
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*engine processes outlived*test_leaks*killed now*"])
+    line = next(l for l in result.outlines if "PIDS" in l)
+    assert _gone([int(p) for p in line.split("PIDS")[1].split()])

@@ -1,0 +1,163 @@
+"""Engine unit tests that run in this process: models, sampling, handoff windows, runners."""
+import numpy as np
+import pytest
+import torch
+
+from engine.config import resolve
+from engine.handoff import HandoffPolicy
+from engine.config import Connector
+from engine.models import CheckpointError, build_models, save_checkpoint
+from engine.presets import PRESETS, SAMPLES_PER_FRAME
+from engine.request import RequestError, SpeechRequest
+from engine.sampling import RequestSampler, SamplingParams, sample_first, sample_rows
+from tests.e2e.offline.conftest import reference_run
+
+
+@pytest.fixture(scope="module")
+def codec():
+    return build_models(parts=("codec",)).codec
+
+
+def test_seeded_weights_are_reproducible_per_part():
+    a, b = build_models(seed=3), build_models(seed=3, parts=("codec",))
+    torch.testing.assert_close(a.codec.embeds, b.codec.embeds, rtol=0, atol=0)
+    assert b.talker is None and not torch.equal(build_models(seed=4, parts=("codec",)).codec.embeds, b.codec.embeds)
+
+
+@pytest.mark.parametrize("split", [1, 7, 25, 60])
+def test_chunked_decode_equals_whole(codec, split):
+    codes = torch.randint(0, 2048, (1, 90, 16))
+    whole = codec(codes)
+    left = 72
+    pieces = [codec(codes[:, :split])]
+    for start in range(split, 90, 25):
+        ctx = max(0, start - left)
+        out = codec(codes[:, ctx:start + 25], first_position=ctx)
+        pieces.append(out[:, (start - ctx) * SAMPLES_PER_FRAME:])
+    assert (torch.cat(pieces, 1) - whole).abs().max() < 1e-5
+
+
+def test_receptive_field_fits_left_context():
+    for preset in PRESETS.values():
+        assert preset.codec.receptive_field <= 72, preset.name
+
+
+def test_too_little_context_changes_audio(codec):
+    codes = torch.randint(0, 2048, (1, 40, 16))
+    whole = codec(codes)
+    cut = codec(codes[:, 30:], first_position=30)
+    assert (cut - whole[:, 30 * SAMPLES_PER_FRAME:]).abs().max() > 1e-3
+
+
+def _params(**kw):
+    base = dict(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05, min_tokens=2, max_tokens=100,
+                stop_token_ids=(2150,), seed=0)
+    return SamplingParams(**{**base, **kw})
+
+
+def test_sampling_is_per_request():
+    logits = torch.randn(1, 2048).repeat(3, 1)
+    a = [RequestSampler(_params(seed=s)) for s in (1, 2, 1)]
+    first = [sample_rows(logits, a) for _ in range(5)]
+    b = [RequestSampler(_params(seed=1))]
+    alone = [sample_rows(logits[:1], b) for _ in range(5)]
+    assert [f[0] for f in first] == [x[0] for x in alone] == [f[2] for f in first]
+
+
+def test_greedy_and_top_k_one():
+    logits = torch.randn(2, 2048)
+    greedy = sample_rows(logits, [RequestSampler(_params(temperature=0.0)), RequestSampler(_params(top_k=1))])
+    assert greedy == logits.argmax(-1).tolist()
+
+
+def test_top_p_keeps_the_nucleus():
+    logits = torch.full((1, 2048), -10.0)
+    logits[0, 5], logits[0, 9] = 5.0, 4.0
+    picks = {sample_rows(logits, [RequestSampler(_params(top_p=0.5, seed=s))])[0] for s in range(20)}
+    assert picks == {5}
+
+
+def test_stop_rules():
+    logits = torch.full((1, 3072), -5.0)
+    logits[0, 2150] = 50.0   # the model wants to stop at once
+    s = RequestSampler(_params(min_tokens=2, temperature=0.0))
+    assert sample_first(logits, [s]) != [2150]       # min_tokens holds it back
+    sample_first(logits, [s])
+    assert sample_first(logits, [s]) == [2150]
+    t = RequestSampler(_params(target_frames=3, temperature=0.0))
+    assert [sample_first(logits, [t])[0] for _ in range(4)][-1] == 2150 and len(t.history) == 3
+
+
+def test_repetition_penalty_discourages_repeats():
+    logits = torch.zeros(1, 3072)
+    logits[0, 7], logits[0, 8] = 2.0, 1.95
+    s = RequestSampler(_params(temperature=0.0, repetition_penalty=1.5, min_tokens=0))
+    assert sample_first(logits, [s]) == [7] and sample_first(logits, [s]) == [8]
+
+
+def test_handoff_windows():
+    conn = Connector(codec_chunk_frames=25, initial_codec_chunk_frames=1)
+    frames = [np.zeros(16, dtype=np.int64)] * 60
+    streaming, whole = HandoffPolicy(True, conn), HandoffPolicy(False, conn)
+    assert streaming.window(frames[:1], 0, False, "r").codes.shape == (1, 16)
+    assert streaming.window(frames[:20], 1, False, "r") is None
+    w = streaming.window(frames[:26], 1, False, "r")
+    assert (w.start, len(w.codes), w.final) == (1, 25, False)
+    last = streaming.window(frames, 51, True, "r")
+    assert (last.start, len(last.codes), last.final) == (51, 9, True)
+    assert whole.window(frames[:59], 0, False, "r") is None
+    full = whole.window(frames, 0, True, "r")
+    assert (full.start, len(full.codes), full.final) == (0, 60, True)
+
+
+@pytest.mark.parametrize("overrides", [["model_runner=v2"], ["model_runner=v2", "stages.0.enforce_eager=true"],
+                                       ["model_runner=v1"]])
+def test_runners_agree_in_process(overrides):
+    from tests.e2e.offline.conftest import _Inbox
+    from engine.stage0 import Talker
+
+    profile = resolve("qwen3_tts", platform="cpu", overrides=overrides + ["stages.0.max_num_seqs=3"])
+    out = _Inbox()
+    talker = Talker(profile, _Inbox(), out)
+    reqs = [SpeechRequest("runner check " * k, temperature=0.0, seed=k) for k in (1, 2, 3, 4)]
+    for r in reqs:
+        talker.add(r)
+    while talker.busy:
+        talker.step()
+    codes = {m[1]: m[2] for m in out if m[0] == "codes"}
+    for r in reqs:
+        np.testing.assert_array_equal(codes[r.request_id], reference_run(r)[0])
+
+
+def test_checkpoint_round_trip(tmp_path):
+    models = build_models(seed=5)
+    path = tmp_path / "tiny.safetensors"
+    save_checkpoint(models, path)
+    loaded = build_models(seed=99, checkpoint=str(path))
+    for name in ("talker", "code_predictor", "codec"):
+        for (k, a), (_, b) in zip(getattr(models, name).state_dict().items(),
+                                  getattr(loaded, name).state_dict().items()):
+            assert torch.equal(a, b), f"{name}.{k}"
+    assert loaded.synthetic
+
+
+def test_checkpoint_errors(tmp_path):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="not a readable safetensors file"):
+        build_models(checkpoint=str(bad))
+    with pytest.raises(CheckpointError, match="not found"):
+        build_models(checkpoint=str(tmp_path / "missing.safetensors"))
+
+
+@pytest.mark.parametrize("kw,param", [
+    (dict(text=""), "input"), (dict(text="x" * 5000), "input"), (dict(text="hi", voice="nobody"), "voice"),
+    (dict(text="hi", task_type="Karaoke"), "task_type"), (dict(text="hi", task_type="VoiceDesign"), "instructions"),
+    (dict(text="hi", task_type="Base", ref_text="x"), "ref_audio"),
+    (dict(text="hi", task_type="Base", ref_audio=np.ones(10, np.float32)), "ref_text"),
+    (dict(text="hi", language="klingon"), "language"), (dict(text="hi", max_new_tokens=0), "max_new_tokens"),
+])
+def test_request_validation(kw, param):
+    with pytest.raises(RequestError) as err:
+        SpeechRequest(**kw).validate()
+    assert err.value.param == param
