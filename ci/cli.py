@@ -58,6 +58,21 @@ def cmd_profile_check(args) -> int:
     return 2 if bad else 0
 
 
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"port must be 1..65535, got {port}")
+    return port
+
+
+def cmd_serve(args) -> int:
+    from engine.server import serve
+
+    profile = resolve(args.profile, platform=args.platform, overrides=args.overrides)
+    serve(profile, host=args.host, port=args.port, allowed_local_media_path=args.allowed_local_media_path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lanekeeper", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -77,6 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
     from ci import synth
 
     synth.add_parser(sub, _profile_args)
+
+    serve = sub.add_parser("serve", help="serve the OpenAI-compatible speech API")
+    _profile_args(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=_port, default=8000)
+    serve.add_argument("--allowed-local-media-path", metavar="DIR",
+                       help="directory that file:// ref_audio paths may read from")
+    serve.set_defaults(func=cmd_serve)
     return parser
 
 

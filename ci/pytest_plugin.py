@@ -47,9 +47,10 @@ def platform(pytestconfig) -> str:
 # ------------------------------------------------------------ process guard
 
 def _stray_engine_processes() -> list[psutil.Process]:
+    from ci.remote_server import live_server_pids
     from engine.engine import live_engine_pids
 
-    owned = live_engine_pids()
+    owned = live_engine_pids() | live_server_pids()
     stray = []
     for proc in psutil.Process().children(recursive=True):
         try:

@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import psutil
@@ -29,6 +29,14 @@ from engine.request import AudioChunk, RequestError, SpeechRequest, SpeechResult
 
 STAGE_NAMES = {0: "talker", 1: "code2wav"}
 _LIVE: "weakref.WeakSet[TTSEngine]" = weakref.WeakSet()
+
+
+class _ClosedQueue:
+    def put(self, item):
+        raise EngineError("engine is closed")
+
+    def get(self, *a, **kw):
+        raise EngineError("engine is closed")
 
 
 class EngineError(RuntimeError):
@@ -54,6 +62,11 @@ class _Tracked:
     audio_done: bool = False
     error: dict | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    listener: "Callable[[AudioChunk | None], None] | None" = None
+
+    def emit(self, item) -> None:
+        """An audio chunk, or None at the end, to the stream consumer (a queue or a callback)."""
+        (self.listener or self.events.put)(item)
 
 
 def _kill_group(pgid: int | None, pids: list[int]) -> None:
@@ -83,6 +96,7 @@ class TTSEngine:
         self.profile = profile
         self.closed = False
         self.info: dict[int, dict] = {}
+        self.beats: dict[int, tuple[float, dict]] = {}
         ctx = mp.get_context("spawn")
         self.in_q, self.handoff_q, self.out_q = ctx.Queue(), ctx.Queue(), ctx.Queue()
         queues = (self.in_q, self.handoff_q, self.out_q)
@@ -128,6 +142,16 @@ class TTSEngine:
                 raise EngineError(f"stage {msg[1]} ({STAGE_NAMES[msg[1]]}) failed during start-up: "
                                   f"{msg[2].strip().splitlines()[-1]}", detail=msg[2])
 
+    def dead_stages(self) -> list[int]:
+        return [stage for stage, proc in enumerate(self.procs) if not proc.is_alive()]
+
+    def in_flight(self) -> int:
+        return len(self._tracked)
+
+    def queue_depths(self) -> dict[int, int]:
+        """Requests each stage holds, from its latest heartbeat."""
+        return {stage: stats.get("depth", 0) for stage, (_, stats) in sorted(self.beats.items())}
+
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs if p.pid is not None and not self.closed]
 
@@ -145,9 +169,14 @@ class TTSEngine:
             for proc in self.procs:
                 proc.join(1)
             self._fail_all({"kind": "EngineClosed", "message": "engine closed before the request finished"})
+            reader = getattr(self, "_reader", None)
+            if reader is not None and reader is not threading.current_thread():
+                reader.join(2)
             for q in (self.in_q, self.handoff_q, self.out_q):
                 q.cancel_join_thread()
                 q.close()
+            # Drop the queues so their semaphores are released now, not reported as leaked at exit.
+            self.in_q = self.handoff_q = self.out_q = _ClosedQueue()
             _LIVE.discard(self)
 
     def __enter__(self) -> "TTSEngine":
@@ -161,7 +190,7 @@ class TTSEngine:
         while not self.closed:
             try:
                 msg = self.out_q.get(timeout=0.2)
-            except (queue.Empty, OSError, ValueError, EOFError):
+            except (queue.Empty, OSError, ValueError, EOFError, EngineError):
                 self._check_stages()
                 continue
             self._dispatch(msg)
@@ -181,7 +210,7 @@ class TTSEngine:
             if not t.chunks and len(msg.audio):
                 t.timings["first_audio_s"] = time.monotonic() - t.submitted
             t.chunks.append(msg.audio)
-            t.events.put(msg)
+            t.emit(msg)
             if msg.final:
                 t.audio_done = True
                 self._maybe_done(t)
@@ -194,6 +223,8 @@ class TTSEngine:
                 t.codes, t.reason = codes, reason
                 t.timings.update(timings)
                 self._maybe_done(t)
+        elif kind == "beat":
+            self.beats[msg[1]] = (time.monotonic(), msg[2])
         elif kind == "stage1_done":
             t = self._tracked.get(msg[1])
             if t:
@@ -216,7 +247,7 @@ class TTSEngine:
             if self._tracked.pop(t.request.request_id, None) is None:
                 return
         t.done.set()
-        t.events.put(None)
+        t.emit(None)
 
     def _fail(self, rid: str, error: dict) -> None:
         t = self._tracked.get(rid)
@@ -231,20 +262,23 @@ class TTSEngine:
             self._fail(rid, error)
 
     # -------------------------------------------------------------- input side
-    def submit(self, request: SpeechRequest) -> _Tracked:
+    def submit(self, request: SpeechRequest, listener=None) -> _Tracked:
+        """Queue one request.  `listener(item)` (called on the engine's reader thread) gets each
+        AudioChunk and then None; without one, items go to the tracked request's queue."""
         if self.closed:
             raise EngineError("engine is closed")
         request.validate()
         with self._lock:
             if request.request_id in self._tracked:
                 raise RequestError(f"request id {request.request_id!r} is already in flight", "request_id")
-            t = _Tracked(request, time.monotonic())
+            t = _Tracked(request, time.monotonic(), listener=listener)
             self._tracked[request.request_id] = t
         self.in_q.put(("add", request))
         return t
 
     def abort(self, request_id: str) -> None:
-        self.in_q.put(("abort", request_id))
+        if not self.closed:
+            self.in_q.put(("abort", request_id))
         self._fail(request_id, {"kind": "Aborted", "message": "request aborted"})
 
     @staticmethod

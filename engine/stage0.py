@@ -17,7 +17,7 @@ from engine.model_runner import CapacityError, Sequence, make_runner
 from engine.models import build_models
 from engine.presets import CODEBOOKS, SAMPLES_PER_FRAME, SAMPLE_RATE
 from engine.sampling import RequestSampler, SamplingParams, sample_first
-from engine.stage_loop import device_for, drain, fatal, setup_torch
+from engine.stage_loop import Heart, device_for, drain, fatal, setup_torch
 from engine.tokenizer import frames_for_text
 
 
@@ -139,7 +139,10 @@ def run(profile, queues, parent_pid: int) -> None:
         out_q.put(("ready", 0, {"runner": talker.runner.name, "graphs": bool(talker.runner.capture_sizes),
                                 "captured": sorted(getattr(talker.runner, "pool", None).graphs)
                                 if getattr(talker.runner, "pool", None) else []}))
+        heart = Heart(out_q, 0, profile.config.watchdog.heartbeat_interval_s)
         while True:
+            heart.beat({"depth": len(talker.waiting) + len(talker.running), "waiting": len(talker.waiting),
+                        "running": len(talker.running), "steps": talker.steps})
             for msg in drain(in_q, block=not talker.busy, parent_pid=parent_pid):
                 kind = msg[0]
                 if kind == "add":

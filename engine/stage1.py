@@ -15,7 +15,7 @@ import torch
 from engine.models import build_models
 from engine.presets import SAMPLES_PER_FRAME
 from engine.request import AudioChunk, Frames
-from engine.stage_loop import device_for, drain, fatal, setup_torch
+from engine.stage_loop import Heart, device_for, drain, fatal, setup_torch
 
 
 class Code2Wav:
@@ -69,7 +69,9 @@ def run(profile, queues, parent_pid: int) -> None:
     try:
         worker = Code2Wav(profile, out_q)
         out_q.put(("ready", 1, {}))
+        heart = Heart(out_q, 1, profile.config.watchdog.heartbeat_interval_s)
         while True:
+            heart.beat({"depth": len(worker.first_seen)})
             for msg in drain(handoff_q, block=True, parent_pid=parent_pid):
                 if isinstance(msg, Frames):
                     worker.decode(msg)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import queue
+import time
 import traceback
 
 import torch
@@ -34,6 +35,20 @@ def drain(inbox, block: bool, parent_pid: int, timeout: float = 0.25) -> list:
             if block and not items and os.getppid() != parent_pid:
                 raise SystemExit(0)   # orphaned: the engine that owned us is gone
             return items
+
+
+class Heart:
+    """Rate-limited heartbeats with the stage's counters; the engine reads them for health and metrics."""
+
+    def __init__(self, out_q, stage_id: int, interval: float):
+        self.out_q, self.stage_id, self.interval = out_q, stage_id, interval
+        self.last = 0.0
+
+    def beat(self, stats: dict, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self.last >= self.interval:
+            self.last = now
+            self.out_q.put(("beat", self.stage_id, stats))
 
 
 def fatal(out_q, stage_id: int) -> None:

@@ -1,0 +1,122 @@
+"""Concurrency, client disconnects and SIGTERM: nothing leaks, nothing is left running."""
+import asyncio
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+from openai import AsyncOpenAI
+from prometheus_client.parser import text_string_to_metric_families
+
+from ci.remote_server import RemoteServer
+
+pytestmark = pytest.mark.online
+
+
+def metrics(srv) -> dict[tuple, float]:
+    out = {}
+    for fam in text_string_to_metric_families(httpx.get(srv.url + "/metrics").text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def successes(srv) -> float:
+    return metrics(srv).get(("lanekeeper_requests_total", (("status", "success"),)), 0.0)
+
+
+def wait_for(predicate, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def released(srv) -> bool:
+    m = metrics(srv)
+    return (m[("lanekeeper_requests_in_flight", ())] == 0
+            and m.get(("lanekeeper_stage_queue_depth", (("stage", "0"),)), 0) == 0
+            and m.get(("lanekeeper_stage_queue_depth", (("stage", "1"),)), 0) == 0)
+
+
+@pytest.fixture(scope="module")
+def srv(platform):
+    with RemoteServer(["--platform", platform]) as s:
+        yield s
+
+
+def test_64_concurrent_streams(srv):
+    before = successes(srv)
+
+    async def one(client, i):
+        async with client.audio.speech.with_streaming_response.create(
+                model="qwen3-tts", input=f"Concurrent request number {i}.", voice="vivian", response_format="pcm",
+                extra_body={"stream": True, "seed": i}) as resp:
+            return b"".join([chunk async for chunk in resp.iter_bytes()])
+
+    async def all64():
+        client = AsyncOpenAI(base_url=srv.url + "/v1", api_key="EMPTY", max_retries=0, timeout=300,
+                             http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=100), timeout=300))
+        try:
+            return await asyncio.gather(*(one(client, i) for i in range(64)))
+        finally:
+            await client.close()
+
+    bodies = asyncio.run(all64())
+    assert len(bodies) == 64 and all(len(b) > 0 and len(b) % 2 == 0 for b in bodies)
+    assert wait_for(lambda: successes(srv) - before == 64, 5), successes(srv) - before
+    assert wait_for(lambda: released(srv), 5), metrics(srv)
+
+
+def test_disconnect_mid_stream_releases_request(srv):
+    cancelled = lambda: metrics(srv).get(("lanekeeper_requests_total", (("status", "cancelled"),)), 0.0)
+    before = cancelled()
+    with httpx.Client(timeout=60) as client:
+        with client.stream("POST", srv.url + "/v1/audio/speech",
+                           json={"input": "A very long text. " * 80, "response_format": "pcm", "stream": True}) as r:
+            assert r.status_code == 200
+            chunks = r.iter_bytes()
+            next(chunks)
+            assert metrics(srv)[("lanekeeper_requests_in_flight", ())] == 1
+            assert wait_for(lambda: metrics(srv).get(("lanekeeper_stage_queue_depth", (("stage", "0"),)), 0) == 1, 3)
+    # the client is gone; the engine must drop the request long before it would have finished (~2000 frames)
+    assert wait_for(lambda: released(srv), 5), metrics(srv)
+    assert cancelled() == before + 1
+    r = httpx.post(srv.url + "/v1/audio/speech", json={"input": "After the disconnect."}, timeout=60)
+    assert r.status_code == 200
+
+
+def test_request_refused_by_stage_gets_a_status(srv):
+    r = httpx.post(srv.url + "/v1/audio/speech", timeout=60,
+                   json={"input": "x" * 4000, "response_format": "pcm", "stream": True})
+    assert r.status_code == 400 and "max_model_len" in r.json()["error"]["message"]
+
+
+def test_sigterm_finishes_in_flight_then_ends_every_process(platform):
+    with RemoteServer(["--platform", platform]) as server:
+        pids = server.pids()
+        assert len(pids) >= 3   # server + two stages
+        got = {}
+
+        def request():
+            with httpx.stream("POST", server.url + "/v1/audio/speech", timeout=60,
+                              json={"input": "Finish me before you go. " * 6, "response_format": "pcm",
+                                    "stream": True}) as r:
+                got["status"] = r.status_code
+                got["bytes"] = b"".join(r.iter_bytes())
+
+        t = threading.Thread(target=request)
+        t.start()
+        assert wait_for(lambda: metrics(server)[("lanekeeper_requests_in_flight", ())] == 1, 10)
+        code = server.terminate(timeout=60)
+        t.join(30)
+        # uvicorn re-raises the SIGTERM it captured once its graceful shutdown is done
+        assert code in (0, -15), server.log_tail()
+        assert "Application shutdown complete" in server.log_tail()
+        assert "leaked" not in server.log_tail()
+        assert got["status"] == 200 and len(got["bytes"]) == (round(len("Finish me before you go. " * 6) * 0.8) + 2) * 3840
+        assert wait_for(lambda: not [p for p in pids if psutil.pid_exists(p)
+                                     and psutil.Process(p).status() != psutil.STATUS_ZOMBIE], 10)
