@@ -1,0 +1,80 @@
+"""Online serving benchmark: streaming PCM at several concurrencies, per model runner.
+
+    python benchmarks/online_serving.py --runner v1 --runner v2 --concurrency 1 8 64
+
+Starts `lanekeeper serve` for each runner and reports, as the anchor's `bench serve`
+does: TTFP (time to the first non-empty audio chunk) p50/p99, audio seconds produced
+per wall second, and mean RTF (latency / audio duration).  Prints a Markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+
+import httpx
+
+from ci.remote_server import RemoteServer
+
+SENTENCES = ["The talker emits one codec frame per step.", "Short reply.",
+             "Stage one decodes frames into audio with left context, chunk by chunk, as they arrive.",
+             "A medium length sentence for the benchmark."]
+
+
+async def one(client, url, i):
+    t0 = time.perf_counter()
+    first, size = None, 0
+    async with client.stream("POST", url, json={"input": SENTENCES[i % len(SENTENCES)], "response_format": "pcm",
+                                                "stream": True, "seed": i}) as r:
+        r.raise_for_status()
+        async for chunk in r.aiter_bytes():
+            if chunk and first is None:
+                first = time.perf_counter() - t0
+            size += len(chunk)
+    latency = time.perf_counter() - t0
+    audio_s = size / 2 / 24000
+    return first, latency, audio_s
+
+
+async def run_level(url, concurrency, requests):
+    sem = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        async def guarded(i):
+            async with sem:
+                return await one(client, url, i)
+        t0 = time.perf_counter()
+        rows = await asyncio.gather(*(guarded(i) for i in range(requests)))
+        wall = time.perf_counter() - t0
+    ttfp = sorted(r[0] for r in rows)
+    pct = lambda q: ttfp[min(len(ttfp) - 1, int(q * len(ttfp)))]
+    return {"requests": requests, "audio_s_per_s": sum(r[2] for r in rows) / wall,
+            "ttfp_p50_ms": 1000 * pct(0.5), "ttfp_p99_ms": 1000 * pct(0.99),
+            "mean_rtf": statistics.mean(r[1] / r[2] for r in rows)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runner", action="append")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--platform", default="cpu")
+    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    args = ap.parse_args()
+    print("| runner | concurrency | requests | audio-s/s | TTFP p50 ms | TTFP p99 ms | mean RTF |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for runner in args.runner or ["v1", "v2"]:
+        extra = []
+        for o in [f"model_runner={runner}"] + args.overrides:
+            extra += ["--set", o]
+        with RemoteServer(["--platform", args.platform, *extra]) as srv:
+            url = srv.url + "/v1/audio/speech"
+            asyncio.run(run_level(url, 2, 4))   # warm-up
+            for c in args.concurrency:
+                row = asyncio.run(run_level(url, c, max(8, 2 * c)))
+                print(f"| {runner} | {c} | {row['requests']} | {row['audio_s_per_s']:.1f} | {row['ttfp_p50_ms']:.0f} | "
+                      f"{row['ttfp_p99_ms']:.0f} | {row['mean_rtf']:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
