@@ -12,6 +12,10 @@ import sys
 
 from engine.config import PLATFORMS, ProfileError, check_file, dump_yaml, resolve
 from engine.engine import EngineError
+from ci.ci_api import CIAPIError
+from ci.junit import JunitError
+from ci.lanes import LaneError
+from engine.faults import FaultSpecError
 from engine.request import RequestError
 
 
@@ -66,7 +70,15 @@ def _port(text: str) -> int:
 
 
 def cmd_serve(args) -> int:
+    import faulthandler
+    import os
+
+    from engine.procs import STACK_DIR_ENV, STACK_DUMP_SIGNAL, stack_file
     from engine.server import serve
+
+    stack_dir = os.environ.get(STACK_DIR_ENV)
+    if stack_dir and os.path.isdir(stack_dir):
+        faulthandler.register(STACK_DUMP_SIGNAL, file=open(stack_file(stack_dir, os.getpid()), "w"), all_threads=True)
 
     profile = resolve(args.profile, platform=args.platform, overrides=args.overrides)
     serve(profile, host=args.host, port=args.port, allowed_local_media_path=args.allowed_local_media_path)
@@ -100,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allowed-local-media-path", metavar="DIR",
                        help="directory that file:// ref_audio paths may read from")
     serve.set_defaults(func=cmd_serve)
+
+    from ci import lane_commands
+
+    lane_commands.add_parsers(sub)
     return parser
 
 
@@ -108,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ProfileError, UsageError, RequestError) as e:
+    except (ProfileError, UsageError, RequestError, FaultSpecError, LaneError, JunitError, CIAPIError) as e:
         print(f"lanekeeper: error: {e}", file=sys.stderr)
         return 2
     except EngineError as e:

@@ -6,11 +6,18 @@ and no async scheduling.
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass
+
+from engine.config import cell_id
 
 RUNNERS = ("v1", "v2")
 CUDA_GRAPH = ("on", "off")
 HANDOFFS = ("async_chunk", "full_payload")
+
+
+# Tests use short watchdog deadlines so that a stall turns red in seconds.
+TEST_WATCHDOG = ["watchdog.handoff_deadline_s=5", "watchdog.stage_deadline_s=10"]
 
 
 def axis_overrides(runner: str | None = None, cuda_graph: str | None = None,
@@ -36,8 +43,7 @@ class Cell:
 
     @property
     def id(self) -> str:
-        graph = "cuda_graph" if self.cuda_graph == "on" else "no_cuda_graph"
-        return f"{self.runner}-{graph}-{self.handoff}"
+        return cell_id(self.runner, self.cuda_graph == "on", self.handoff == "async_chunk")
 
     @property
     def overrides(self) -> list[str]:
@@ -47,6 +53,23 @@ class Cell:
     def from_id(cls, cell_id: str) -> "Cell":
         runner, graph, handoff = cell_id.split("-")
         return cls(runner, "off" if graph == "no_cuda_graph" else "on", handoff)
+
+
+TASK_NEEDLES = (("voice_design", "VoiceDesign"), ("voice_clone", "Base"), ("test_base", "Base"))
+CELL_RE = re.compile(r"\b(v1|v2)-(cuda_graph|no_cuda_graph)-(async_chunk|full_payload)\b")
+
+
+def task_of(test_id: str) -> str:
+    """The task type a matrix test exercises, from its id."""
+    for needle, task in TASK_NEEDLES:
+        if needle in test_id:
+            return task
+    return "CustomVoice"
+
+
+def cell_in(test_id: str) -> str | None:
+    m = CELL_RE.search(test_id)
+    return m.group(0) if m else None
 
 
 def cells(runners=RUNNERS, cuda_graphs=CUDA_GRAPH, handoffs=HANDOFFS) -> list[Cell]:

@@ -1,21 +1,45 @@
 """lanekeeper's pytest plugin.
 
-- Matrix options (`--platform`, `--runner`, `--cuda-graph`, `--handoff`) narrow the
-  runner x graph x handoff matrix; a test asks for the `cell` argument to be run once
-  per selected cell.  Cells are session-scoped, so pytest groups every test of one
-  cell together and one engine serves them all.
-- The engine-process guard: after each test, any engine stage process that no open
-  engine owns is killed and the test errors.  A test cannot leave a process behind
-  unnoticed.
+Options
+  --platform / --runner / --cuda-graph / --handoff   narrow the runner x graph x handoff matrix
+  --report-dir DIR       where stall-report.{json,md} and matrix-summary.md go
+  --lane-budget SECONDS  end the whole run cleanly before a CI job timeout would
+
+Hooks, in the order a test meets them
+  pytest_generate_tests    a test that takes `cell` runs once per selected cell; cells are
+                           session-scoped, so one engine or server serves all of a cell's tests
+  pytest_runtest_protocol  gives every test a hard timeout (pytest-timeout, signal method, so the
+                           JUnit record survives): its own marker, else --timeout / PYTEST_TIMEOUT /
+                           ini, else the default of its marker; never past the lane budget
+  pytest_runtest_makereport  on a timeout or a watchdog diagnosis (StageHandoffStall, StageStall,
+                           StageDied): dump the Python stacks of every engine process (faulthandler
+                           on SIGUSR1 in each; py-spy too when installed), kill the engines, write
+                           the stall report; later tests of a stalled cell fail at once
+  pytest_runtest_teardown  any engine process that no open engine or server owns is killed, and
+                           the test errors
+  pytest_terminal_summary  the matrix (cell x task: passed / failed / stalled and why), printed
+                           and written as Markdown for CI annotations
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
 
 import psutil
 import pytest
 
-from ci.matrix import CUDA_GRAPH, HANDOFFS, RUNNERS, cells
+from ci.matrix import CUDA_GRAPH, HANDOFFS, RUNNERS, cells, task_of
+
+MARKER_TIMEOUTS = {"config": 60.0, "offline": 300.0, "online": 300.0, "gpu": 900.0}
+DEFAULT_TIMEOUT = 600.0
 
 
 def pytest_addoption(parser):
@@ -24,6 +48,10 @@ def pytest_addoption(parser):
     group.addoption("--runner", choices=RUNNERS, action="append", help="only these model runners")
     group.addoption("--cuda-graph", choices=CUDA_GRAPH, action="append", help="only these CUDA graph modes")
     group.addoption("--handoff", choices=HANDOFFS, action="append", help="only these handoff modes")
+    group.addoption("--report-dir", default=os.environ.get("LANEKEEPER_REPORT_DIR"),
+                    help="directory for stall-report.json/.md and matrix-summary.md")
+    group.addoption("--lane-budget", type=float, default=None, metavar="SECONDS",
+                    help="stop the run cleanly once this many seconds have passed")
 
 
 def selected_cells(config):
@@ -44,7 +72,245 @@ def platform(pytestconfig) -> str:
     return pytestconfig.getoption("platform") or detect_platform()
 
 
-# ------------------------------------------------------------ process guard
+# ------------------------------------------------------------------ session state
+
+class Lane:
+    """What the plugin learns during one run."""
+
+    def __init__(self, config):
+        self.config = config
+        self.started = time.monotonic()
+        self.budget = config.getoption("lane_budget")
+        self.budget_hit = False
+        report_dir = config.getoption("report_dir")
+        self.report_dir = Path(report_dir) if report_dir else None
+        self.stack_dir = Path(tempfile.mkdtemp(prefix="lanekeeper-stacks-"))
+        self.incidents: list[dict] = []
+        self.stalled_cells: dict[str, str] = {}
+        self.outcomes: dict[tuple, dict] = defaultdict(lambda: {"passed": 0, "failed": 0, "stalled": 0,
+                                                                "why": []})
+
+    def remaining(self) -> float | None:
+        return None if self.budget is None else self.budget - (time.monotonic() - self.started)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"received signal {signum}")
+
+
+def pytest_configure(config):
+    # SIGTERM (a CI agent or `lanekeeper run` stopping the lane) ends the run like ^C: fixtures
+    # close their engines and the JUnit file is still written.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
+    lane = Lane(config)
+    config.stash[LANE] = lane
+    # Engine stages (here and in servers started from here) write faulthandler dumps to this directory.
+    os.environ["LANEKEEPER_STACK_DIR"] = str(lane.stack_dir)
+
+
+LANE = pytest.StashKey[Lane]()
+
+
+# ------------------------------------------------------------------ timeouts and budget
+
+def _configured_timeout(config) -> float | None:
+    for value in (config.getoption("timeout", None), os.environ.get("PYTEST_TIMEOUT"), _ini(config)):
+        if value not in (None, ""):
+            return float(value)
+    return None
+
+
+def _ini(config):
+    try:
+        return config.getini("timeout")
+    except ValueError:
+        return None
+
+
+def timeout_for(item) -> float:
+    if item.get_closest_marker("timeout") is not None:
+        return float(item.get_closest_marker("timeout").args[0] if item.get_closest_marker("timeout").args
+                     else item.get_closest_marker("timeout").kwargs.get("timeout", DEFAULT_TIMEOUT))
+    configured = _configured_timeout(item.config)
+    if configured is not None:
+        return configured
+    return min([t for m, t in MARKER_TIMEOUTS.items() if item.get_closest_marker(m)] or [DEFAULT_TIMEOUT])
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    lane = item.config.stash[LANE]
+    left = lane.remaining()
+    if left is not None and left <= 0:
+        lane.budget_hit = True
+        item.session.shouldstop = f"lane budget of {lane.budget:.0f}s exhausted"
+        return (yield)
+    timeout = timeout_for(item)
+    if left is not None:
+        timeout = max(1.0, min(timeout, left))
+    item.add_marker(pytest.mark.timeout(timeout, method="signal"))
+    item.stash[STARTED] = time.time()
+    return (yield)
+
+
+STARTED = pytest.StashKey[float]()
+
+
+def pytest_runtest_setup(item):
+    lane = item.config.stash[LANE]
+    cell = _cell_of(item)
+    if cell and cell in lane.stalled_cells:
+        pytest.fail(f"cell {cell} already stalled in this run: {lane.stalled_cells[cell]}", pytrace=False)
+
+
+# ------------------------------------------------------------------ stalls and timeouts
+
+def _cell_of(item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    cell = callspec.params.get("cell") if callspec else None
+    return getattr(cell, "id", None)
+
+
+def diagnoses_in(exc) -> list[dict]:
+    """Watchdog diagnoses carried by an exception or its causes (engine errors, OpenAI API errors)."""
+    from engine.errors import WATCHDOG_KINDS
+
+    found, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        error = getattr(exc, "error", None)
+        if isinstance(error, dict) and error.get("kind") in WATCHDOG_KINDS:
+            found.append(error)
+        body = getattr(exc, "body", None)
+        if isinstance(body, dict):
+            body = body.get("error", body)
+            diag = body.get("diagnosis") if isinstance(body, dict) else None
+            if isinstance(diag, dict) and diag.get("kind") in WATCHDOG_KINDS:
+                found.append(diag)
+        exc = exc.__cause__ or exc.__context__
+    return found
+
+
+def _engine_processes() -> list[psutil.Process]:
+    procs = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(proc.cmdline())
+        except psutil.Error:
+            continue
+        if ("multiprocessing.spawn" in cmd and "resource_tracker" not in cmd) or "ci.cli serve" in cmd:
+            procs.append(proc)
+    return procs
+
+
+def dump_stacks(lane: Lane) -> dict[str, str]:
+    """SIGUSR1 every engine process (faulthandler writes its stacks), then collect; py-spy when present."""
+    from engine.procs import STACK_DUMP_SIGNAL, stack_file
+
+    procs = _engine_processes()
+    for proc in procs:
+        try:
+            os.kill(proc.pid, STACK_DUMP_SIGNAL)
+        except ProcessLookupError:
+            pass
+    time.sleep(0.5)
+    stacks = {}
+    py_spy = shutil.which("py-spy")
+    for proc in procs:
+        path = Path(stack_file(str(lane.stack_dir), proc.pid))
+        text = path.read_text() if path.exists() else ""
+        if py_spy:
+            try:
+                text += "\n# py-spy dump\n" + subprocess.run([py_spy, "dump", "--pid", str(proc.pid)], text=True,
+                                                            capture_output=True, timeout=10).stdout
+            except (subprocess.SubprocessError, OSError):
+                pass
+        try:
+            name = " ".join(proc.cmdline())[-80:]
+        except psutil.Error:
+            name = "?"
+        stacks[f"pid {proc.pid} ({name})"] = text or "(no stack dump received)"
+    return stacks
+
+
+def kill_engines() -> None:
+    from ci.remote_server import _LIVE as servers
+    from engine.engine import _LIVE as engines
+
+    for engine in list(engines):
+        engine.close(timeout=0.5)
+    for server in list(servers):
+        server.kill()
+    for proc in _engine_processes():
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    lane = item.config.stash[LANE]
+    cell, task = _cell_of(item), task_of(item.nodeid)
+    if report.when == "call" or (report.failed and report.when == "setup"):
+        key = ("online" if "/online/" in item.nodeid else "offline", cell or "-", task)
+        incident = None
+        if report.failed and call.excinfo is not None:
+            from engine.watchdog import DIAGNOSES
+
+            exc = call.excinfo.value
+            started = item.stash.get(STARTED, time.time())
+            found = diagnoses_in(exc) or [d for t, d in list(DIAGNOSES) if t >= started]
+            if "from pytest-timeout" in str(exc):
+                incident = {"kind": "Timeout", "message": str(exc).strip().splitlines()[0]}
+            elif found:
+                incident = dict(found[0])
+            if incident is not None:
+                incident.update(test=item.nodeid, cell=cell, task=task, phase=report.when,
+                                seconds=round(call.duration, 2),
+                                diagnoses=found, stacks=dump_stacks(lane))
+                kill_engines()
+                lane.incidents.append(incident)
+                write_stall_report(lane)
+                if cell:
+                    lane.stalled_cells[cell] = incident.get("message", incident["kind"])
+        outcome = lane.outcomes[key]
+        if report.passed:
+            outcome["passed"] += 1
+        elif report.failed:
+            outcome["stalled" if incident else "failed"] += 1
+            why = incident["kind"] + (f" at stage {incident['stage']}" if "stage" in incident else "") \
+                if incident else (report.longreprtext.strip().splitlines() or ["failed"])[-1][:120]
+            if why not in outcome["why"]:
+                outcome["why"].append(why)
+    return report
+
+
+def write_stall_report(lane: Lane) -> None:
+    if lane.report_dir is None:
+        return
+    lane.report_dir.mkdir(parents=True, exist_ok=True)
+    (lane.report_dir / "stall-report.json").write_text(json.dumps(lane.incidents, indent=2, default=str))
+    lines = ["# Stall report", ""]
+    for inc in lane.incidents:
+        lines += [f"## {inc['kind']} in `{inc['test']}`", "",
+                  f"- cell: `{inc.get('cell') or '-'}`, task: {inc.get('task')}",
+                  f"- after {inc['seconds']} s: {inc.get('message', '')}"]
+        if "stage" in inc:
+            lines.append(f"- stage {inc['stage']} ({inc.get('stage_name')}), request(s) "
+                         f"{', '.join(inc.get('request_ids', [])) or inc.get('request_id', '')}; frames produced "
+                         f"{inc.get('frames_produced')}, handed off {inc.get('frames_handed_off')}, consumed "
+                         f"{inc.get('frames_consumed')}")
+        for proc, stack in inc["stacks"].items():
+            lines += ["", f"<details><summary>stacks of {proc}</summary>", "", "```", stack.strip(), "```",
+                      "</details>"]
+        lines.append("")
+    (lane.report_dir / "stall-report.md").write_text("\n".join(lines))
+
+
+# ------------------------------------------------------------------ process guard
 
 def _stray_engine_processes() -> list[psutil.Process]:
     from ci.remote_server import live_server_pids
@@ -81,3 +347,42 @@ def pytest_runtest_teardown(item, nextitem):
         psutil.wait_procs(stray, timeout=5)
         raise AssertionError(f"engine processes outlived {item.nodeid} (killed now): {desc}")
     return result
+
+
+# ------------------------------------------------------------------ summary
+
+def matrix_markdown(lane: Lane) -> str:
+    rows = sorted(k for k in lane.outcomes if k[1] != "-")
+    if not rows:
+        return ""
+    lines = ["| mode | cell | task | passed | failed | stalled | why |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for key in rows:
+        o = lane.outcomes[key]
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {o['passed']} | {o['failed']} | {o['stalled']} | "
+                     f"{'; '.join(o['why']).replace('|', '/')} |")
+    stalled = sorted(lane.stalled_cells)
+    if stalled:
+        lines += ["", f"Stalled cells: {', '.join(stalled)}"]
+    if lane.budget_hit:
+        lines += ["", f"Lane budget of {lane.budget:.0f}s exhausted: the run stopped early."]
+    return "\n".join(lines) + "\n"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    lane = config.stash[LANE]
+    text = matrix_markdown(lane)
+    if text:
+        terminalreporter.section("lanekeeper matrix")
+        terminalreporter.write(text)
+    if lane.report_dir is not None:
+        lane.report_dir.mkdir(parents=True, exist_ok=True)
+        (lane.report_dir / "matrix-summary.md").write_text(text or "No matrix tests ran.\n")
+        if lane.incidents:
+            terminalreporter.write_line(f"stall report: {lane.report_dir / 'stall-report.md'}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    lane = session.config.stash[LANE]
+    if lane.budget_hit:   # red, and distinct from an interrupt or a CI job timeout
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    shutil.rmtree(lane.stack_dir, ignore_errors=True)

@@ -92,6 +92,12 @@ class Settings(_Strict):
     faults: list[str] = Field(default_factory=list)
     stages: list[StageConfig] = Field(default_factory=list)
 
+    @field_validator("faults", mode="before")
+    @classmethod
+    def _faults_string(cls, value):
+        """`--set faults=drop_handoff:after_frames=3` (specs joined by ';') as well as a list."""
+        return [s.strip() for s in value.split(";") if s.strip()] if isinstance(value, str) else value
+
     @field_validator("stages")
     @classmethod
     def _unique_stage_ids(cls, stages):
@@ -310,11 +316,20 @@ class ResolvedProfile:
         name = self.stage(0).output_connector
         return self.config.connectors[name] if name else Connector()
 
+    @property
+    def cell(self) -> str:
+        """The matrix cell this profile runs as: runner-graph-handoff."""
+        return cell_id(self.config.model_runner, not self.stage(0).enforce_eager, self.config.async_chunk)
+
     def explain(self) -> dict[str, dict[str, Any]]:
         return {p: {"value": v, "source": self.sources.get(p, "schema default")} for p, v in self.flat().items()}
 
     def to_dict(self) -> dict[str, Any]:
         return self.config.model_dump()
+
+
+def cell_id(runner: str, cuda_graph: bool, async_chunk: bool) -> str:
+    return f"{runner}-{'cuda_graph' if cuda_graph else 'no_cuda_graph'}-{'async_chunk' if async_chunk else 'full_payload'}"
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -421,6 +436,13 @@ def _check(profile: ResolvedProfile) -> None:
             f"model_runner v2 is not implemented on {profile.platform} "
             f"(set by {profile.sources.get('model_runner', 'schema default')}); use v1",
             path=profile.path, key="model_runner")
+    from engine.faults import FaultSpecError, parse as parse_faults
+
+    try:
+        parse_faults(cfg.faults)
+    except FaultSpecError as e:
+        raise ProfileError(f"{e} (set by {profile.sources.get('faults', 'schema default')})",
+                           path=profile.path, key="faults") from None
     ckpt = cfg.model.checkpoint
     if ckpt and not Path(ckpt).is_file():
         raise ProfileError(f"checkpoint file not found: {ckpt} (set by {profile.sources.get('model.checkpoint')})",

@@ -23,9 +23,12 @@ import numpy as np
 import psutil
 
 from engine.config import ResolvedProfile
-from engine.presets import CODEBOOKS, SAMPLE_RATE
+from engine.errors import EngineError, RequestFailed, failure  # noqa: F401  (RequestFailed re-exported)
+from engine.faults import from_env as faults_from_env, parse as parse_faults
+from engine.presets import CODEBOOKS, SAMPLE_RATE, SAMPLES_PER_FRAME
 from engine.procs import stage_main
 from engine.request import AudioChunk, RequestError, SpeechRequest, SpeechResult
+from engine.watchdog import Watchdog
 
 STAGE_NAMES = {0: "talker", 1: "code2wav"}
 _LIVE: "weakref.WeakSet[TTSEngine]" = weakref.WeakSet()
@@ -37,12 +40,6 @@ class _ClosedQueue:
 
     def get(self, *a, **kw):
         raise EngineError("engine is closed")
-
-
-class EngineError(RuntimeError):
-    def __init__(self, message: str, detail: str | None = None):
-        super().__init__(message)
-        self.detail = detail   # the stage's traceback, when there is one
 
 
 def live_engine_pids() -> set[int]:
@@ -63,6 +60,23 @@ class _Tracked:
     error: dict | None = None
     done: threading.Event = field(default_factory=threading.Event)
     listener: "Callable[[AudioChunk | None], None] | None" = None
+    # progress the watchdog reads: frames produced / handed off by stage 0, consumed by stage 1
+    produced: int = 0
+    handed_off: int = 0
+    consumed: int = 0
+    stage0_done: bool = False
+    pending_since: float | None = None   # since when handed-off frames have been waiting for stage 1
+
+    def progress(self, produced: int | None = None, handed_off: int | None = None, consumed: int = 0) -> None:
+        if produced is not None:
+            self.produced = max(self.produced, produced)
+        if handed_off is not None:
+            self.handed_off = max(self.handed_off, handed_off)
+        self.consumed += consumed
+        if self.handed_off <= self.consumed:
+            self.pending_since = None
+        elif self.pending_since is None or consumed:
+            self.pending_since = time.monotonic()
 
     def emit(self, item) -> None:
         """An audio chunk, or None at the end, to the stream consumer (a queue or a callback)."""
@@ -97,6 +111,9 @@ class TTSEngine:
         self.closed = False
         self.info: dict[int, dict] = {}
         self.beats: dict[int, tuple[float, dict]] = {}
+        self.started_at = time.monotonic()
+        faults = parse_faults(profile.config.faults, "profile faults") + faults_from_env()
+        self.faults = faults
         ctx = mp.get_context("spawn")
         self.in_q, self.handoff_q, self.out_q = ctx.Queue(), ctx.Queue(), ctx.Queue()
         queues = (self.in_q, self.handoff_q, self.out_q)
@@ -105,11 +122,11 @@ class TTSEngine:
         self.procs: list[mp.Process] = []
         self.pgid: int | None = None
         me = os.getpid()
-        p0 = ctx.Process(target=stage_main, args=(0, None, profile, queues, me), name="lanekeeper-stage0-talker")
+        p0 = ctx.Process(target=stage_main, args=(0, None, profile, queues, me, faults), name="lanekeeper-stage0-talker")
         p0.start()
         self.procs.append(p0)
         self.pgid = p0.pid
-        p1 = ctx.Process(target=stage_main, args=(1, p0.pid, profile, queues, me), name="lanekeeper-stage1-code2wav")
+        p1 = ctx.Process(target=stage_main, args=(1, p0.pid, profile, queues, me, faults), name="lanekeeper-stage1-code2wav")
         p1.start()
         self.procs.append(p1)
         self._finalizer = weakref.finalize(self, _kill_group, self.pgid, [p.pid for p in self.procs])
@@ -121,6 +138,9 @@ class TTSEngine:
             raise
         self._reader = threading.Thread(target=self._read, name="lanekeeper-output", daemon=True)
         self._reader.start()
+        self.watchdog = Watchdog(self) if profile.config.watchdog.enabled else None
+        if self.watchdog:
+            self.watchdog.start()
 
     # ------------------------------------------------------------ lifecycle
     def _wait_ready(self, timeout: float) -> None:
@@ -147,6 +167,26 @@ class TTSEngine:
 
     def in_flight(self) -> int:
         return len(self._tracked)
+
+    def tracked(self) -> list[_Tracked]:
+        with self._lock:
+            return list(self._tracked.values())
+
+    def handoff_backlog(self) -> int:
+        """Windows sent to stage 1 and not yet taken by it."""
+        try:
+            return self.handoff_q.qsize()
+        except (NotImplementedError, AttributeError, OSError):
+            return 0
+
+    def fail_request(self, request_id: str, error: dict) -> None:
+        """Fail one request with a diagnosis and drop it from both stages."""
+        self._fail(request_id, error)
+        if not self.closed:
+            try:
+                self.in_q.put(("abort", request_id))
+            except (EngineError, ValueError, OSError):
+                pass
 
     def queue_depths(self) -> dict[int, int]:
         """Requests each stage holds, from its latest heartbeat."""
@@ -191,7 +231,8 @@ class TTSEngine:
             try:
                 msg = self.out_q.get(timeout=0.2)
             except (queue.Empty, OSError, ValueError, EOFError, EngineError):
-                self._check_stages()
+                if self.watchdog is None:
+                    self._check_stages()
                 continue
             self._dispatch(msg)
 
@@ -209,6 +250,7 @@ class TTSEngine:
                 return
             if not t.chunks and len(msg.audio):
                 t.timings["first_audio_s"] = time.monotonic() - t.submitted
+            t.progress(consumed=len(msg.audio) // SAMPLES_PER_FRAME)
             t.chunks.append(msg.audio)
             t.emit(msg)
             if msg.final:
@@ -220,11 +262,16 @@ class TTSEngine:
             _, rid, codes, reason, timings = msg
             t = self._tracked.get(rid)
             if t:
-                t.codes, t.reason = codes, reason
+                t.codes, t.reason, t.stage0_done = codes, reason, True
+                t.progress(produced=len(codes), handed_off=len(codes))
                 t.timings.update(timings)
                 self._maybe_done(t)
         elif kind == "beat":
             self.beats[msg[1]] = (time.monotonic(), msg[2])
+            for rid, (produced, handed_off) in msg[2].get("requests", {}).items():
+                t = self._tracked.get(rid)
+                if t is not None:
+                    t.progress(produced=produced, handed_off=handed_off)
         elif kind == "stage1_done":
             t = self._tracked.get(msg[1])
             if t:
@@ -319,13 +366,7 @@ class TTSEngine:
                     break
                 yield item
             if t.error is not None:
-                raise RequestFailed(t.error)
+                raise failure(t.error)
         finally:
             if not t.done.is_set():
                 self.abort(request.request_id)
-
-
-class RequestFailed(EngineError):
-    def __init__(self, error: dict):
-        super().__init__(error.get("message", str(error)))
-        self.error = error

@@ -26,12 +26,22 @@ def join_group(leader_pid: int | None) -> None:
             time.sleep(0.005)
 
 
-def stage_main(stage_id: int, leader_pid: int | None, profile, queues, parent_pid: int) -> None:
+STACK_DIR_ENV = "LANEKEEPER_STACK_DIR"
+
+
+def stack_file(stack_dir: str, pid: int) -> str:
+    return os.path.join(stack_dir, f"stacks-{pid}.txt")
+
+
+def stage_main(stage_id: int, leader_pid: int | None, profile, queues, parent_pid: int, faults=()) -> None:
     join_group(leader_pid)
-    faulthandler.register(STACK_DUMP_SIGNAL, file=sys.stderr, all_threads=True)
+    # SIGUSR1 dumps every thread's Python stack, to a file the test plugin reads when one is set.
+    stack_dir = os.environ.get(STACK_DIR_ENV)
+    out = open(stack_file(stack_dir, os.getpid()), "w") if stack_dir and os.path.isdir(stack_dir) else sys.stderr
+    faulthandler.register(STACK_DUMP_SIGNAL, file=out, all_threads=True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the engine, not ^C, ends stages
     if stage_id == 0:
         from engine.stage0 import run
     else:
         from engine.stage1 import run
-    run(profile, queues, parent_pid)
+    run(profile, queues, parent_pid, faults)

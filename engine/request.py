@@ -97,6 +97,14 @@ class SpeechResult:
     def ok(self) -> bool:
         return self.status.startswith("finished_") and self.status != "finished_error"
 
+    def raise_for_status(self) -> "SpeechResult":
+        """Raise the failure (StageHandoffStall, StageStall, StageDied, ...) if the request failed."""
+        if self.error is not None:
+            from engine.errors import failure
+
+            raise failure(self.error)
+        return self
+
     @property
     def duration_s(self) -> float:
         return len(self.audio) / self.sample_rate

@@ -6,6 +6,7 @@ request, sample, then hand off whatever windows are due.
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 
@@ -17,13 +18,16 @@ from engine.model_runner import CapacityError, Sequence, make_runner
 from engine.models import build_models
 from engine.presets import CODEBOOKS, SAMPLES_PER_FRAME, SAMPLE_RATE
 from engine.sampling import RequestSampler, SamplingParams, sample_first
-from engine.stage_loop import Heart, device_for, drain, fatal, setup_torch
+from engine.faults import Injector
+from engine.stage_loop import Heart, device_for, drain, fatal, setup_torch, stall_forever
 from engine.tokenizer import frames_for_text
 
 
 class Talker:
-    def __init__(self, profile, handoff_q, out_q):
+    def __init__(self, profile, handoff_q, out_q, faults=()):
         cfg = profile.config
+        self.faults = Injector(list(faults), 0)
+        self.finished = 0
         self.stage = profile.stage(0)
         self.device = device_for(profile, self.stage)
         self.models = build_models(cfg.model.preset, cfg.model.seed, cfg.model.checkpoint, cfg.model.dtype,
@@ -115,8 +119,21 @@ class Talker:
         rid = seq.request_id
         window = self.policy.window(seq.frames, self.sent.get(rid, 0), finished, rid)
         if window is not None:
-            self.sent[rid] = window.start + len(window.codes)
+            end = window.start + len(window.codes)
+            self.sent[rid] = end
+            if self.faults.drop(end):
+                return   # injected: counted as handed off, never delivered
+            delay = self.faults.delay_s()
+            if delay:
+                time.sleep(delay)
             self.handoff_q.put(window)
+
+    def stats(self) -> dict:
+        """Progress for the heartbeat: per request, frames produced and handed off."""
+        running = [(s.request_id, len(s.frames)) for s in list(self.running)]
+        sent = dict(self.sent)
+        return {"depth": len(self.waiting) + len(running), "steps": self.steps,
+                "requests": {rid: (n, sent.get(rid, 0)) for rid, n in running}}
 
     def _finish(self, seq: Sequence) -> None:
         rid = seq.request_id
@@ -127,22 +144,25 @@ class Talker:
         codes = np.stack(seq.frames) if seq.frames else np.zeros((0, CODEBOOKS), dtype=np.int64)
         elapsed = time.monotonic() - self.started.pop(rid)
         self.sent.pop(rid, None)
+        self.finished += 1
         self.out_q.put(("codes", rid, codes, reason, {"stage0_s": elapsed,
                                                       "audio_s": len(codes) * SAMPLES_PER_FRAME / SAMPLE_RATE}))
 
 
-def run(profile, queues, parent_pid: int) -> None:
+def run(profile, queues, parent_pid: int, faults=()) -> None:
     in_q, handoff_q, out_q = queues
     setup_torch()
     try:
-        talker = Talker(profile, handoff_q, out_q)
+        talker = Talker(profile, handoff_q, out_q, faults)
         out_q.put(("ready", 0, {"runner": talker.runner.name, "graphs": bool(talker.runner.capture_sizes),
                                 "captured": sorted(getattr(talker.runner, "pool", None).graphs)
                                 if getattr(talker.runner, "pool", None) else []}))
-        heart = Heart(out_q, 0, profile.config.watchdog.heartbeat_interval_s)
+        Heart(out_q, 0, profile.config.watchdog.heartbeat_interval_s, talker.stats).start()
         while True:
-            heart.beat({"depth": len(talker.waiting) + len(talker.running), "waiting": len(talker.waiting),
-                        "running": len(talker.running), "steps": talker.steps})
+            if talker.faults.stalled(talker.steps):
+                stall_forever()
+            if talker.faults.should_die(talker.finished, max((len(s.frames) for s in talker.running), default=0)):
+                os._exit(1)
             for msg in drain(in_q, block=not talker.busy, parent_pid=parent_pid):
                 kind = msg[0]
                 if kind == "add":

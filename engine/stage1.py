@@ -7,6 +7,7 @@ decode.
 """
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -15,12 +16,16 @@ import torch
 from engine.models import build_models
 from engine.presets import SAMPLES_PER_FRAME
 from engine.request import AudioChunk, Frames
-from engine.stage_loop import Heart, device_for, drain, fatal, setup_torch
+from engine.faults import Injector
+from engine.stage_loop import Heart, device_for, drain, fatal, setup_torch, stall_forever
 
 
 class Code2Wav:
-    def __init__(self, profile, out_q):
+    def __init__(self, profile, out_q, faults=()):
         cfg = profile.config
+        self.faults = Injector(list(faults), 1)
+        self.finished = self.frames = self.windows = 0
+        self.busy = False
         self.stage = profile.stage(1)
         self.device = device_for(profile, self.stage)
         self.codec = build_models(cfg.model.preset, cfg.model.seed, cfg.model.checkpoint, cfg.model.dtype,
@@ -34,8 +39,20 @@ class Code2Wav:
         self.chunks: dict[str, int] = {}
         self.first_seen: dict[str, float] = {}
 
+    def stats(self) -> dict:
+        return {"depth": len(self.first_seen), "busy": self.busy, "windows": self.windows}
+
     @torch.no_grad()
     def decode(self, window: Frames) -> None:
+        self.busy = True
+        try:
+            self._decode(window)
+        finally:
+            self.busy = False
+            self.windows += 1
+            self.frames += len(window.codes)
+
+    def _decode(self, window: Frames) -> None:
         rid = window.request_id
         self.first_seen.setdefault(rid, time.monotonic())
         have = self.codes.get(rid, np.zeros((0, window.codes.shape[1]), dtype=np.int64))
@@ -48,6 +65,8 @@ class Code2Wav:
         else:
             audio = np.zeros(0, dtype=np.float32)
         index = self.chunks.get(rid, 0)
+        if window.final:
+            self.finished += 1
         if window.final:  # timing first: the final chunk completes the request on the other side
             self.codes.pop(rid, None)
             self.chunks.pop(rid, None)
@@ -63,18 +82,21 @@ class Code2Wav:
         self.first_seen.pop(request_id, None)
 
 
-def run(profile, queues, parent_pid: int) -> None:
+def run(profile, queues, parent_pid: int, faults=()) -> None:
     _, handoff_q, out_q = queues
     setup_torch()
     try:
-        worker = Code2Wav(profile, out_q)
+        worker = Code2Wav(profile, out_q, faults)
         out_q.put(("ready", 1, {}))
-        heart = Heart(out_q, 1, profile.config.watchdog.heartbeat_interval_s)
+        Heart(out_q, 1, profile.config.watchdog.heartbeat_interval_s, worker.stats).start()
         while True:
-            heart.beat({"depth": len(worker.first_seen)})
             for msg in drain(handoff_q, block=True, parent_pid=parent_pid):
+                if worker.faults.stalled(worker.windows):
+                    stall_forever()
                 if isinstance(msg, Frames):
                     worker.decode(msg)
+                    if worker.faults.should_die(worker.finished, worker.frames):
+                        os._exit(1)
                 elif msg[0] == "abort":
                     worker.abort(msg[1])
                 elif msg[0] == "stop":

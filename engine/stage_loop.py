@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import queue
+import threading
 import time
 import traceback
 
@@ -37,18 +38,30 @@ def drain(inbox, block: bool, parent_pid: int, timeout: float = 0.25) -> list:
             return items
 
 
-class Heart:
-    """Rate-limited heartbeats with the stage's counters; the engine reads them for health and metrics."""
+class Heart(threading.Thread):
+    """Heartbeats from a thread of their own, carrying the stage's progress counters.
 
-    def __init__(self, out_q, stage_id: int, interval: float):
-        self.out_q, self.stage_id, self.interval = out_q, stage_id, interval
-        self.last = 0.0
+    A stage whose loop is stuck (a hung kernel, an injected stall) keeps beating, so the
+    watchdog can tell "alive but not progressing" from "gone quiet".
+    """
 
-    def beat(self, stats: dict, force: bool = False) -> None:
-        now = time.monotonic()
-        if force or now - self.last >= self.interval:
-            self.last = now
-            self.out_q.put(("beat", self.stage_id, stats))
+    def __init__(self, out_q, stage_id: int, interval: float, stats):
+        super().__init__(name=f"stage{stage_id}-heartbeat", daemon=True)
+        self.out_q, self.stage_id, self.interval, self.stats = out_q, stage_id, interval, stats
+
+    def run(self) -> None:
+        while True:
+            try:
+                self.out_q.put(("beat", self.stage_id, self.stats()))
+            except Exception:   # a queue torn down at exit, or a stats read racing the loop
+                pass
+            time.sleep(self.interval)
+
+
+def stall_forever() -> None:
+    """An injected stall: the loop stops, the heartbeat thread goes on."""
+    while True:
+        time.sleep(1)
 
 
 def fatal(out_q, stage_id: int) -> None:

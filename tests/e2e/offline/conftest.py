@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 import torch
 
+from ci.matrix import TEST_WATCHDOG
 from engine.config import resolve
 from engine.engine import TTSEngine
 from engine.models import build_models
@@ -12,7 +13,8 @@ from tests.e2e.conftest import make_request
 @pytest.fixture(scope="session")
 def offline_engine(cell, platform):
     """One engine per matrix cell, shared by every test of that cell."""
-    with TTSEngine(resolve("qwen3_tts", platform=platform, overrides=cell.overrides)) as engine:
+    profile = resolve("qwen3_tts", platform=platform, overrides=cell.overrides + TEST_WATCHDOG)
+    with TTSEngine(profile) as engine:
         yield engine
 
 

@@ -6,6 +6,7 @@ import pytest
 import soundfile as sf
 from openai import OpenAI
 
+from ci.matrix import TEST_WATCHDOG
 from ci.remote_server import RemoteServer
 
 
@@ -13,7 +14,7 @@ from ci.remote_server import RemoteServer
 def server(cell, platform):
     """One server per matrix cell, shared by every online test of that cell."""
     args = ["--platform", platform]
-    for o in cell.overrides:
+    for o in cell.overrides + TEST_WATCHDOG:
         args += ["--set", o]
     with RemoteServer(args) as srv:
         yield srv

@@ -1,0 +1,120 @@
+"""`lanekeeper lanes | run | pipeline | report | repro`."""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from ci import ci_api, junit, lanes, pipelines, run_lane
+
+
+def cmd_lanes(args) -> int:
+    all_lanes = lanes.load(args.lanes_file)
+    if args.json:
+        print(json.dumps([lane.model_dump() for lane in all_lanes], indent=2))
+        return 0
+    width = max(len(lane.key) for lane in all_lanes)
+    for lane in all_lanes:
+        print(f"{lane.key:<{width}}  {lane.trigger:<10}  {lane.hardware:<3}  {lane.label}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    lane = lanes.find(args.lane, lanes.load(args.lanes_file))
+    artifacts = args.artifacts or f"artifacts/{lane.key}"
+    return run_lane.run(lane, artifacts, args.platform, args.dry_run)
+
+
+def cmd_pipeline(args) -> int:
+    all_lanes = lanes.load(args.lanes_file)
+    if args.kind == "buildkite":
+        changed = None
+        if args.changed_files:
+            try:
+                changed = [l.strip() for l in Path(args.changed_files).read_text().splitlines() if l.strip()]
+            except OSError as e:
+                raise lanes.LaneError(f"--changed-files {args.changed_files}: {e.strerror}") from None
+        sys.stdout.write(pipelines.dump(pipelines.buildkite(all_lanes, changed), "buildkite"))
+    else:
+        sys.stdout.write(pipelines.dump(pipelines.github(all_lanes), "github"))
+    return 0
+
+
+def cmd_report(args) -> int:
+    cases = [c for path in args.junit for c in junit.parse(path)]
+    sys.stdout.write(junit.render(junit.matrix(cases), args.format))
+    return 0
+
+
+def _fetch(args) -> dict[str, bytes]:
+    if args.junit:
+        return {args.junit: None}
+    if args.buildkite:
+        return ci_api.buildkite_junits(args.buildkite, args.job)
+    return ci_api.github_junits(args.github, args.job)
+
+
+def cmd_repro(args) -> int:
+    sources = _fetch(args)
+    cases = []
+    for name, data in sources.items():
+        cases += junit.parse(name, data)
+    ids = junit.failed_ids(cases, lanes.ROOT)
+    all_lanes = lanes.load(args.lanes_file)
+    suite = next((c.suite for c in cases if c.suite), None)
+    lane = lanes.find(args.lane, all_lanes) if args.lane else \
+        next((l for l in all_lanes if l.key == suite), None)
+    if not ids:
+        print("lanekeeper: no failed or errored tests in that run; nothing to reproduce")
+        return 0
+    print(f"lanekeeper: reproducing {len(ids)} failed test(s)" + (f" with lane {lane.key}'s settings" if lane else ""))
+    for nodeid in ids:
+        print(f"  {nodeid}")
+    base = lane or lanes.Lane(key="repro", label="repro", trigger="per_commit", paths=["tests"],
+                              timeout=300, budget=3600)
+    adhoc = base.model_copy(update={"paths": ids, "markers": None, "keyword": None})
+    artifacts = args.artifacts or tempfile.mkdtemp(prefix="lanekeeper-repro-")
+    return run_lane.run(adhoc, artifacts, args.platform, args.dry_run)
+
+
+def add_parsers(sub) -> None:
+    def lanes_file(p):
+        p.add_argument("--lanes-file", default=str(lanes.LANES_FILE), help="lanes file (default: ci/lanes.yaml)")
+
+    p = sub.add_parser("lanes", help="list the CI lanes")
+    p.add_argument("--json", action="store_true")
+    lanes_file(p)
+    p.set_defaults(func=cmd_lanes)
+
+    p = sub.add_parser("run", help="run a lane locally exactly as CI does")
+    p.add_argument("lane", help="lane key or label")
+    p.add_argument("--platform", choices=("cpu", "cuda"))
+    p.add_argument("--artifacts", help="directory for JUnit XML and reports (default: artifacts/KEY)")
+    p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    lanes_file(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("pipeline", help="print the generated CI pipeline")
+    p.add_argument("kind", choices=("buildkite", "github"))
+    p.add_argument("--changed-files", help="file listing changed paths; unmatched lanes become block steps")
+    lanes_file(p)
+    p.set_defaults(func=cmd_pipeline)
+
+    p = sub.add_parser("report", help="matrix table from JUnit files")
+    p.add_argument("--junit", nargs="+", required=True)
+    p.add_argument("--format", choices=("markdown", "json"), default="markdown")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("repro", help="re-run the failed tests of a CI run")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--junit", help="JUnit XML file of the run")
+    src.add_argument("--buildkite", metavar="BUILD_URL")
+    src.add_argument("--github", metavar="RUN_URL")
+    p.add_argument("--job", help="only this job (Buildkite label) or artifact (GitHub)")
+    p.add_argument("--lane", help="lane whose env and timeouts to use (default: the JUnit suite's lane)")
+    p.add_argument("--platform", choices=("cpu", "cuda"))
+    p.add_argument("--artifacts")
+    p.add_argument("--dry-run", action="store_true")
+    lanes_file(p)
+    p.set_defaults(func=cmd_repro)

@@ -1,0 +1,151 @@
+"""Lanes: the schema of ci/lanes.yaml and the exact pytest command each lane runs."""
+from __future__ import annotations
+
+import fnmatch
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
+
+LANES_FILE = Path(__file__).resolve().parent / "lanes.yaml"
+ROOT = LANES_FILE.parent.parent
+
+
+class LaneError(Exception):
+    """A bad lanes file or an unknown lane."""
+
+
+class Lane(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    key: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    label: str = Field(min_length=1, max_length=200)
+    trigger: Literal["per_commit", "merge_only", "nightly"]
+    hardware: Literal["cpu", "gpu"] = "cpu"
+    platform: Literal["cpu", "cuda"] | None = None
+    paths: list[str] = Field(min_length=1)
+    markers: str | None = None
+    keyword: str | None = None
+    timeout: float = Field(gt=0)
+    budget: float = Field(gt=0)
+    env: dict[str, str] = Field(default_factory=dict)
+    source_file_dependencies: list[str] = Field(default_factory=list)
+
+    @field_validator("label")
+    @classmethod
+    def _no_expressions(cls, label: str) -> str:
+        # A label is data everywhere it goes; these would be evaluated by the CI systems themselves.
+        if "${{" in label or "\n" in label:
+            raise ValueError("a label may not contain '${{' or a newline")
+        return label
+
+    @property
+    def timeout_minutes(self) -> int:
+        """The CI job timeout: just above the lane budget, so the lane ends itself first."""
+        return int(-(-self.budget // 60)) + 5
+
+    def pytest_args(self, artifacts: str, platform: str | None = None) -> list[str]:
+        args = [*self.paths]
+        if self.markers:
+            args += ["-m", self.markers]
+        if self.keyword:
+            args += ["-k", self.keyword]
+        args += ["--timeout", f"{self.timeout:g}", "--lane-budget", f"{self.budget:g}",
+                 "--junitxml", os.path.join(artifacts, "junit.xml"), "--report-dir", artifacts,
+                 "-o", f"junit_suite_name={self.key}", "-p", "no:cacheprovider"]
+        if platform or self.platform:
+            args += ["--platform", platform or self.platform]
+        return args
+
+    def command(self, artifacts: str, platform: str | None = None) -> list[str]:
+        return [sys.executable, "-m", "pytest", *self.pytest_args(artifacts, platform)]
+
+    def matches(self, changed: list[str]) -> bool:
+        if not self.source_file_dependencies:
+            return True
+        for path in changed:
+            for dep in self.source_file_dependencies:
+                hit = path.startswith(dep) if dep.endswith("/") else (path == dep or fnmatch.fnmatch(path, dep))
+                if hit:
+                    return True
+        return False
+
+
+class LanesFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    lanes: list[Lane] = Field(min_length=1)
+
+    @field_validator("lanes")
+    @classmethod
+    def _unique(cls, lanes):
+        for attr in ("key", "label"):
+            seen = set()
+            for lane in lanes:
+                if getattr(lane, attr) in seen:
+                    raise ValueError(f"duplicate lane {attr} {getattr(lane, attr)!r}")
+                seen.add(getattr(lane, attr))
+        return lanes
+
+
+def load(path: str | os.PathLike = LANES_FILE) -> list[Lane]:
+    path = Path(path)
+    try:
+        doc = YAML(typ="rt").load(path.read_text())
+    except FileNotFoundError:
+        raise LaneError(f"{path}: lanes file not found") from None
+    except YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise LaneError(f"{path}:{mark.line + 1 if mark else '?'}: YAML syntax error: "
+                        f"{getattr(e, 'problem', e)}") from None
+    try:
+        return LanesFile.model_validate(_plain(doc)).lanes
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = err["loc"]
+        line = _line(doc, loc)
+        where = ".".join(str(p) for p in loc)
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        raise LaneError(f"{path}:{line or '?'}: {where}: {msg}") from None
+
+
+def _plain(node):
+    if isinstance(node, dict):
+        return {k: _plain(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_plain(v) for v in node]
+    return node
+
+
+def _line(doc, loc):
+    line, node = None, doc
+    for part in loc:
+        try:
+            if isinstance(node, dict) and part in node:
+                line, node = node.lc.key(part)[0] + 1, node[part]
+            elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+                line, node = node.lc.item(part)[0] + 1, node[part]
+            else:
+                break
+        except AttributeError:
+            break
+    return line
+
+
+def find(name: str, lanes: list[Lane] | None = None) -> Lane:
+    """A lane by key or by label."""
+    lanes = lanes if lanes is not None else load()
+    for lane in lanes:
+        if name in (lane.key, lane.label):
+            return lane
+    known = "; ".join(f"{l.key} ({l.label})" for l in lanes)
+    raise LaneError(f"unknown lane {name!r}; known lanes: {known}")
+
+
+def shell(cmd: list[str]) -> str:
+    return " ".join(shlex.quote(c) for c in cmd)
+

@@ -1,0 +1,120 @@
+"""The plugin end to end: a faulted matrix turns red fast with every cell named, a blocked test is
+ended by its timeout with stacks in the report, and the lane budget ends a run cleanly."""
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ci.matrix import cells
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _tagged(tag: str, wait: float = 5.0) -> list[psutil.Process]:
+    """Processes (other than this one) still running whose environment carries this run's tag."""
+    deadline = time.monotonic() + wait
+    while True:
+        left = []
+        for proc in psutil.process_iter():
+            try:
+                if proc.pid != os.getpid() and proc.environ().get("LANEKEEPER_TEST_TAG") == tag \
+                        and proc.status() != psutil.STATUS_ZOMBIE:
+                    left.append(proc)
+            except (psutil.Error, OSError):
+                continue
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def _faulted_run(tmp_path, path):
+    tag = uuid.uuid4().hex
+    env = {**os.environ, "LANEKEEPER_FAULTS": "drop_handoff:after_frames=2", "LANEKEEPER_TEST_TAG": tag}
+    t0 = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "pytest", path, "-m", "merge_only", "-q", "-p", "no:cacheprovider",
+                          "--report-dir", str(tmp_path), "--junitxml", str(tmp_path / "junit.xml")],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return run, time.monotonic() - t0, tag
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["offline", "online"])
+def test_faulted_matrix_is_red_fast_and_names_every_cell(mode, tmp_path):
+    run, wall, tag = _faulted_run(tmp_path, f"tests/e2e/{mode}")
+    assert run.returncode == 1, run.stdout[-3000:]
+    if mode == "offline":
+        assert wall < 120, wall
+    summary = (tmp_path / "matrix-summary.md").read_text()
+    incidents = json.loads((tmp_path / "stall-report.json").read_text())
+    assert (tmp_path / "stall-report.md").exists() and (tmp_path / "junit.xml").exists()
+    by_cell = {i["cell"]: i for i in incidents}
+    for cell in cells():
+        assert cell.id in summary.split("Stalled cells:")[1], cell.id
+        inc = by_cell[cell.id]
+        assert inc["kind"] == "StageHandoffStall" and inc["stage"] == 1, inc
+        assert inc["seconds"] < 10, inc
+        assert inc["request_id"] and inc["request_id"] in inc["message"]
+        assert (inc["runner"], inc["cuda_graph"], inc["handoff"]) == (cell.runner, cell.cuda_graph, cell.handoff)
+        assert inc["stacks"], "no stacks were dumped"
+    assert "Stalled cells:" in run.stdout
+    assert not _tagged(tag)
+
+
+def test_blocked_test_is_ended_by_timeout_with_stacks(pytester, tmp_path):
+    pytester.makepyfile(test_blocks="""
+        import threading
+        import pytest
+        from engine.config import resolve
+        from engine.engine import TTSEngine
+
+        @pytest.fixture(scope="module")
+        def engine():
+            with TTSEngine(resolve("qwen3_tts", platform="cpu")) as e:
+                yield e
+
+        def test_blocks_forever(engine):
+            threading.Event().wait()
+
+        def test_runs_after(engine):
+            pass
+    """)
+    tag = uuid.uuid4().hex
+    os.environ["LANEKEEPER_TEST_TAG"] = tag
+    try:
+        t0 = time.monotonic()
+        result = pytester.runpytest_subprocess("-p", "ci.pytest_plugin", "--timeout", "4", "--report-dir",
+                                               str(tmp_path), "--junitxml", str(tmp_path / "junit.xml"))
+    finally:
+        del os.environ["LANEKEEPER_TEST_TAG"]
+    assert time.monotonic() - t0 < 60
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed") == 1 and outcomes.get("passed", 0) + outcomes.get("errors", 0) >= 1
+    result.stdout.fnmatch_lines(["*Timeout (>4.0s) from pytest-timeout*"])
+    (incident,) = json.loads((tmp_path / "stall-report.json").read_text())
+    assert incident["kind"] == "Timeout" and incident["test"].endswith("test_blocks_forever")
+    stacks = "\n".join(incident["stacks"].values())
+    assert "stage_loop.py" in stacks and "most recent call first" in stacks
+    assert "testcase" in (tmp_path / "junit.xml").read_text()
+    assert not _tagged(tag)
+
+
+def test_lane_budget_stops_the_run(pytester):
+    pytester.makepyfile(test_slow="""
+        import time
+        import pytest
+
+        @pytest.mark.parametrize("i", range(5))
+        def test_slow(i):
+            time.sleep(1.0)
+    """)
+    result = pytester.runpytest_subprocess("-p", "ci.pytest_plugin", "--lane-budget", "2.5")
+    assert result.ret == 1
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed", 0) < 5
+    result.stdout.fnmatch_lines(["*lane budget of 2s exhausted*"])

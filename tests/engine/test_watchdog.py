@@ -1,0 +1,105 @@
+"""The watchdog names each kind of failure fast, fails only what is affected, and leaves nothing."""
+import time
+
+import httpx
+import pytest
+
+from ci.cli import main
+from ci.matrix import TEST_WATCHDOG
+from ci.remote_server import RemoteServer
+from engine.config import ProfileError, resolve
+from engine.engine import TTSEngine
+from engine.errors import StageDied, StageHandoffStall, StageStall
+from engine.faults import FaultSpecError, parse
+from engine.request import SpeechRequest
+from tests.engine.test_lifecycle import _gone
+
+
+def _engine(faults, *extra):
+    return TTSEngine(resolve("qwen3_tts", platform="cpu", overrides=TEST_WATCHDOG + [f"faults={faults}", *extra]))
+
+
+def test_kill_stage_1_mid_request_is_stage_died():
+    with _engine("kill_stage:stage=1,after_frames=1") as engine:
+        t0 = time.monotonic()
+        (result,) = engine.generate([SpeechRequest("Stage one dies while decoding this.")], timeout=30)
+        elapsed = time.monotonic() - t0
+        pids = engine.pids()
+    assert elapsed < 5
+    with pytest.raises(StageDied) as err:
+        result.raise_for_status()
+    assert err.value.error["stage"] == 1 and err.value.error["request_id"] == result.request_id
+    assert _gone(pids)
+
+
+def test_stall_stage_0_is_stage_stall():
+    with _engine("stall_stage:stage=0,after_steps=3", "watchdog.stage_deadline_s=3") as engine:
+        t0 = time.monotonic()
+        with pytest.raises(StageStall) as err:
+            list(engine.stream(SpeechRequest("Stage zero stops stepping.")))
+        assert time.monotonic() - t0 < 8
+        pids = engine.pids()
+    e = err.value.error
+    assert e["stage"] == 0 and e["frames_produced"] >= 3 and e["runner"] == "v2" and e["cell"] == "v2-cuda_graph-async_chunk"
+    assert _gone(pids)
+
+
+def test_only_affected_requests_fail():
+    """Windows ending past frame 12 are lost: the short request still finishes, the long one stalls."""
+    with _engine("drop_handoff:after_frames=12") as engine:
+        short, long_ = engine.generate([SpeechRequest("Tiny."), SpeechRequest("A much longer request " * 3)],
+                                       timeout=30)
+    assert short.ok
+    with pytest.raises(StageHandoffStall) as err:
+        long_.raise_for_status()
+    e = err.value.error
+    assert e["stage"] == 1 and e["request_ids"] == [long_.request_id]
+    assert e["frames_handed_off"] > e["frames_consumed"] and e["seconds_since_progress"] >= 5
+
+
+def test_delay_is_not_a_stall():
+    with _engine("delay_handoff:ms=300") as engine:
+        (result,) = engine.generate([SpeechRequest("Late but fine.")], timeout=30)
+    assert result.ok
+
+
+def test_health_turns_503_on_dead_stage():
+    args = ["--platform", "cpu", "--set", "faults=kill_stage:stage=1,after_frames=1"]
+    with RemoteServer(args) as srv:
+        assert srv.health() == 200
+        first = httpx.post(srv.url + "/v1/audio/speech", json={"input": "Stage one dies decoding this."}, timeout=60)
+        assert first.status_code == 503 and first.json()["error"]["code"] == "StageDied"
+        deadline = time.monotonic() + 5
+        while srv.health() != 503 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        health = httpx.get(srv.url + "/health")
+        assert health.status_code == 503 and health.json()["dead_stages"] == [1]
+        r = httpx.post(srv.url + "/v1/audio/speech", json={"input": "Nobody decodes this."}, timeout=60)
+        assert r.status_code == 503
+        err = r.json()["error"]
+        assert err["code"] == "StageDied" and err["diagnosis"]["stage"] == 1
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("drop_handoff", None), ("delay_handoff:ms=500", None), ("stall_stage:stage=0,after_steps=5", None),
+    ("kill_stage:stage=1,after_requests=1", None), ("kill_stage:stage=0,after_frames=3", None),
+    ("explode:now=1", "unknown fault 'explode'"), ("delay_handoff", "delay_handoff needs ms=N"),
+    ("delay_handoff:ms=soon", "ms must be an integer"), ("stall_stage:stage=2", "stage must be 0 or 1"),
+    ("kill_stage:stage=1", "needs after_requests=N or after_frames=N"), ("drop_handoff:frames=3", "bad parameter"),
+])
+def test_fault_specs(spec, message):
+    if message is None:
+        assert str(parse(spec)[0]).startswith(spec.split(":")[0])
+    else:
+        with pytest.raises(FaultSpecError, match=message):
+            parse(spec)
+
+
+def test_malformed_faults_are_clear_errors(monkeypatch, capsys):
+    with pytest.raises(ProfileError, match="faults: .*unknown fault 'boom'"):
+        resolve("qwen3_tts", platform="cpu", overrides=["faults=boom:x=1"])
+    assert main(["profile", "show", "qwen3_tts", "--set", "faults=delay_handoff:ms=x"]) == 2
+    assert "ms must be an integer" in capsys.readouterr().err
+    monkeypatch.setenv("LANEKEEPER_FAULTS", "drop_handoff:after=3")
+    with pytest.raises(FaultSpecError, match="LANEKEEPER_FAULTS: bad parameter 'after=3'"):
+        TTSEngine(resolve("qwen3_tts", platform="cpu"))
