@@ -291,3 +291,16 @@ def test_unreachable_api_and_missing_token(capsys, monkeypatch):
     assert main(["repro", "--github", "https://github.com/a/b/actions/runs/1"]) == 2
     assert "GITHUB_TOKEN is not set" in capsys.readouterr().err
     assert main(["repro", "--buildkite", "https://example.com/not-a-build"]) == 2
+
+
+@pytest.mark.slow
+def test_base_lane_runs_as_ci_does(tmp_path):
+    run = _cli("run", "TTS · Qwen3-TTS Base Test", "--artifacts", str(tmp_path))
+    assert run.returncode == 0, run.stdout[-3000:]
+    from ci.junit import parse
+
+    cases = parse(tmp_path / "junit.xml")
+    assert cases and all(c.status == "passed" for c in cases)
+    assert {c.suite for c in cases} == {"tts-base"}
+    summary = (tmp_path / "matrix-summary.md").read_text()
+    assert summary.count("| Base |") == 16   # 8 cells, offline and online
