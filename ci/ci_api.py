@@ -34,12 +34,17 @@ def _token(kind: str) -> str:
     return token
 
 
-def get(kind: str, url: str, accept: str = "application/json") -> bytes:
+def get(kind: str, url: str, accept: str = "application/json", data: dict | None = None) -> bytes:
+    """GET (or, with `data`, POST as JSON)."""
     headers = {"Authorization": f"Bearer {_token(kind)}", "Accept": accept, "User-Agent": "lanekeeper"}
     if kind == "github":
         headers["X-GitHub-Api-Version"] = "2022-11-28"
+    body = None
+    if data is not None:
+        body = json.dumps(data).encode()
+        headers["Content-Type"] = "application/json"
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=30) as r:
             return r.read()
     except urllib.error.HTTPError as e:
         if e.code in (401, 403):

@@ -13,6 +13,8 @@ import sys
 from engine.config import PLATFORMS, ProfileError, check_file, dump_yaml, resolve
 from engine.engine import EngineError
 from ci.ci_api import CIAPIError
+from ci.history import HistoryError
+from ci.rollback import RollbackError
 from ci.junit import JunitError
 from ci.lanes import LaneError
 from engine.faults import FaultSpecError
@@ -124,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ProfileError, UsageError, RequestError, FaultSpecError, LaneError, JunitError, CIAPIError) as e:
+    except (ProfileError, UsageError, RequestError, FaultSpecError, LaneError, JunitError, CIAPIError,
+            HistoryError, RollbackError) as e:
         print(f"lanekeeper: error: {e}", file=sys.stderr)
         return 2
     except EngineError as e:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -78,6 +79,61 @@ def cmd_repro(args) -> int:
     return run_lane.run(adhoc, artifacts, args.platform, args.dry_run)
 
 
+def cmd_rollback(args) -> int:
+    from ci import history, rollback
+
+    lane = lanes.find(args.lane, lanes.load(args.lanes_file))
+    repo = Path(args.repo).resolve()
+    rollback.check_repo(repo)
+    if args.history:
+        builds = history.load_file(args.history)
+    elif args.buildkite:
+        builds = history.from_buildkite(args.buildkite)
+    else:
+        if not args.workflow:
+            raise history.HistoryError("--github needs --workflow NAME (the workflow file, e.g. lanes.yml)")
+        builds = history.from_github(args.github, args.workflow)
+    audit = rollback.Audit.for_repo(repo)
+    decision = rollback.decide(builds, lane, repo, args.min_red, audit)
+    print(f"lanekeeper rollback: lane {lane.key} ({lane.label})")
+    for line in decision.evidence:
+        print(f"  {line}")
+    record = {"lane": lane.key, "culprit": decision.culprit, "keys": decision.keys, "reason": decision.reason,
+              "builds": [b.number for b in decision.reds]}
+    if not decision.act:
+        audit.append({**record, "action": "none"})
+        print(f"no action: {decision.reason}")
+        return 0
+    if not args.apply:
+        audit.append({**record, "action": "dry_run"})
+        print(f"would roll back ({decision.reason}); dry run: pass --apply to create the branch")
+        return 0
+    try:
+        branch, sha, restored, note = rollback.apply(decision, lane, repo, args.verify)
+    except rollback.VerifyFailed as e:
+        audit.append({**record, "action": "verify_failed", "detail": str(e)[:2000]})
+        print(f"rollback not made: {e}")
+        return 1
+    audit.append({**record, "action": "applied", "branch": branch, "commit": sha, "restored": restored,
+                  "verify": note})
+    print(f"rolled back: branch {branch}, commit {sha[:12]} ({decision.reason})")
+    for line in restored:
+        print(f"  restored {line}")
+    print(f"  {note}")
+    if args.push:
+        rollback.git(repo, "push", args.push, f"{branch}:{branch}")
+        print(f"  pushed {branch} to {args.push}")
+    if args.open_pr:
+        slug = args.github or os.environ.get("GITHUB_REPOSITORY")
+        if not slug:
+            raise history.HistoryError("--open-pr needs --github OWNER/REPO or GITHUB_REPOSITORY")
+        message = rollback.git(repo, "log", "-1", "--format=%B", sha)
+        pr = json.loads(ci_api.get("github", f"{ci_api._root('github')}/repos/{slug}/pulls", data={
+            "title": message.splitlines()[0], "head": branch, "base": "main", "body": message}))
+        print(f"  opened {pr.get('html_url', 'a pull request')}")
+    return 0
+
+
 def add_parsers(sub) -> None:
     def lanes_file(p):
         p.add_argument("--lanes-file", default=str(lanes.LANES_FILE), help="lanes file (default: ci/lanes.yaml)")
@@ -105,6 +161,22 @@ def add_parsers(sub) -> None:
     p.add_argument("--junit", nargs="+", required=True)
     p.add_argument("--format", choices=("markdown", "json"), default="markdown")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("rollback", help="roll back a profile default that turned a merge-only lane red")
+    p.add_argument("--lane", required=True, help="lane key or label")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--history", help="lane history file (JSON; see README)")
+    src.add_argument("--buildkite", metavar="ORG/PIPELINE")
+    src.add_argument("--github", metavar="OWNER/REPO")
+    p.add_argument("--workflow", help="GitHub workflow file or id (with --github)")
+    p.add_argument("--repo", default=".", help="git repository (default: .)")
+    p.add_argument("--apply", action="store_true", help="create the rollback branch and commit (default: dry run)")
+    p.add_argument("--verify", choices=("config", "lane", "none"), default="config")
+    p.add_argument("--min-red", type=int, default=2, help="red builds on distinct commits needed (default: 2)")
+    p.add_argument("--push", metavar="REMOTE")
+    p.add_argument("--open-pr", action="store_true")
+    lanes_file(p)
+    p.set_defaults(func=cmd_rollback)
 
     p = sub.add_parser("repro", help="re-run the failed tests of a CI run")
     src = p.add_mutually_exclusive_group(required=True)

@@ -34,6 +34,7 @@ class Lane(BaseModel):
     timeout: float = Field(gt=0)
     budget: float = Field(gt=0)
     env: dict[str, str] = Field(default_factory=dict)
+    profile: str = "qwen3_tts"     # the deploy profile whose defaults this lane exercises
     source_file_dependencies: list[str] = Field(default_factory=list)
 
     @field_validator("label")
