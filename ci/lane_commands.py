@@ -37,6 +37,8 @@ def cmd_pipeline(args) -> int:
             except OSError as e:
                 raise lanes.LaneError(f"--changed-files {args.changed_files}: {e.strerror}") from None
         sys.stdout.write(pipelines.dump(pipelines.buildkite(all_lanes, changed), "buildkite"))
+    elif args.workflow == "rollback":
+        sys.stdout.write(pipelines.dump(pipelines.github_rollback(all_lanes), "github --workflow rollback"))
     else:
         sys.stdout.write(pipelines.dump(pipelines.github(all_lanes), "github"))
     return 0
@@ -134,6 +136,26 @@ def cmd_rollback(args) -> int:
     return 0
 
 
+def cmd_history_add(args) -> int:
+    """Record one lane run (its JUnit file) as a build in a history file."""
+    import datetime as dt
+
+    from ci import history
+
+    lane = lanes.find(args.lane, lanes.load(args.lanes_file))
+    cases = junit.parse(args.junit)
+    red = not cases or any(c.status in ("failed", "error") for c in cases)
+    path = Path(args.history)
+    builds = history.load_file(path) if path.exists() else []
+    number = args.number or max((b.number for b in builds), default=0) + 1
+    builds.append(history.Build(number, args.commit, args.branch, args.url or "",
+                                dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                                {lane.key: [history.LaneResult("failed" if red else "passed", 1 if red else 0)]}))
+    history.dump_file(builds, path)
+    print(f"recorded build #{number} at {args.commit[:12]}: {lane.key} {'red' if red else 'green'}")
+    return 0
+
+
 def add_parsers(sub) -> None:
     def lanes_file(p):
         p.add_argument("--lanes-file", default=str(lanes.LANES_FILE), help="lanes file (default: ci/lanes.yaml)")
@@ -154,6 +176,8 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("pipeline", help="print the generated CI pipeline")
     p.add_argument("kind", choices=("buildkite", "github"))
     p.add_argument("--changed-files", help="file listing changed paths; unmatched lanes become block steps")
+    p.add_argument("--workflow", choices=("lanes", "rollback"), default="lanes",
+                   help="github: the lanes workflow or the rollback workflow")
     lanes_file(p)
     p.set_defaults(func=cmd_pipeline)
 
@@ -177,6 +201,19 @@ def add_parsers(sub) -> None:
     p.add_argument("--open-pr", action="store_true")
     lanes_file(p)
     p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser("history", help="lane history files")
+    hsub = p.add_subparsers(dest="history_command", required=True)
+    p = hsub.add_parser("add", help="record a lane run's JUnit result as a build")
+    p.add_argument("history", help="history file (created when missing)")
+    p.add_argument("--lane", required=True)
+    p.add_argument("--junit", required=True)
+    p.add_argument("--commit", required=True)
+    p.add_argument("--number", type=int)
+    p.add_argument("--branch", default="main")
+    p.add_argument("--url")
+    lanes_file(p)
+    p.set_defaults(func=cmd_history_add)
 
     p = sub.add_parser("repro", help="re-run the failed tests of a CI run")
     src = p.add_mutually_exclusive_group(required=True)

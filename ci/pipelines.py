@@ -68,6 +68,18 @@ def buildkite(lanes: list[Lane], changed: list[str] | None = None) -> dict:
                     "lanekeeper report --junit artifacts/*/junit.xml --format markdown"
                     " | buildkite-agent annotate --style info --context lanekeeper-matrix"),
     })
+    for lane in (l for l in lanes if l.trigger == "merge_only"):
+        steps.append({
+            "label": _bk_text(f"Rollback check · {lane.label}"),
+            "key": f"rollback-{lane.key}",
+            "depends_on": lane.key,
+            "allow_dependency_failure": True,
+            "if": 'build.branch == "main"',
+            "agents": {"queue": "cpu"},
+            "timeout_in_minutes": 30,
+            "command": (f"{INSTALL} && lanekeeper rollback --lane {lane.key} --buildkite "
+                        '"$$BUILDKITE_ORGANIZATION_SLUG/$$BUILDKITE_PIPELINE_SLUG" --apply --push origin'),
+        })
     return {"steps": steps}
 
 
@@ -101,6 +113,30 @@ def github(lanes: list[Lane]) -> dict:
         "on": {"push": {"branches": ["main"]}, "pull_request": {}, "schedule": [{"cron": "0 3 * * *"}]},
         "permissions": {"contents": "read"},
         "jobs": jobs,
+    }
+
+
+def github_rollback(lanes: list[Lane]) -> dict:
+    """Runs when the lanes workflow completes red on main."""
+    steps = [{"uses": "actions/checkout@v5", "with": {"fetch-depth": 0}},
+             {"uses": "actions/setup-python@v6", "with": {"python-version": "3.11"}},
+             {"name": "Install", "run": INSTALL}]
+    for lane in (l for l in lanes if l.trigger == "merge_only"):
+        steps.append({"name": f"Rollback check {lane.key}",
+                      "run": (f'lanekeeper rollback --lane {lane.key} --github "$GITHUB_REPOSITORY" '
+                              "--workflow lanes.yml --apply --push origin --open-pr"),
+                      "env": {"GITHUB_TOKEN": "${{ secrets.GITHUB_TOKEN }}"}})
+    return {
+        "name": "rollback",
+        "on": {"workflow_run": {"workflows": ["lanes"], "types": ["completed"], "branches": ["main"]}},
+        "permissions": {"contents": "write", "pull-requests": "write", "actions": "read"},
+        "jobs": {"rollback": {
+            "name": "Roll back a default that turned a merge-only lane red",
+            "if": "github.event.workflow_run.conclusion == 'failure'",
+            "runs-on": "ubuntu-latest",
+            "timeout-minutes": 30,
+            "steps": steps,
+        }},
     }
 
 

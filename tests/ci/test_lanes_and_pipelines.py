@@ -19,6 +19,7 @@ from ci.cli import main
 ROOT = Path(__file__).resolve().parents[2]
 BUILDKITE_FILE = ROOT / ".buildkite/pipeline.yml"
 GITHUB_FILE = ROOT / ".github/workflows/lanes.yml"
+ROLLBACK_FILE = ROOT / ".github/workflows/rollback.yml"
 
 
 def _cli(*args, env=None):
@@ -43,6 +44,9 @@ def test_committed_pipelines_are_current():
         "regenerate: lanekeeper pipeline buildkite > .buildkite/pipeline.yml"
     assert GITHUB_FILE.read_text() == pipelines.dump(pipelines.github(all_lanes), "github"), \
         "regenerate: lanekeeper pipeline github > .github/workflows/lanes.yml"
+    assert ROLLBACK_FILE.read_text() == pipelines.dump(pipelines.github_rollback(all_lanes),
+                                                       "github --workflow rollback"), \
+        "regenerate: lanekeeper pipeline github --workflow rollback > .github/workflows/rollback.yml"
 
 
 def _validate(buildkite_path, github_path):
@@ -57,6 +61,21 @@ def _validate(buildkite_path, github_path):
 
 def test_generated_pipelines_validate():
     _validate(BUILDKITE_FILE, GITHUB_FILE)
+    _validate(BUILDKITE_FILE, ROLLBACK_FILE)
+
+
+def test_rollback_steps():
+    steps = {s["key"]: s for s in YAML(typ="safe").load(BUILDKITE_FILE.read_text())["steps"]}
+    merge_only = [l for l in lanes.load() if l.trigger == "merge_only"]
+    for lane in merge_only:
+        step = steps[f"rollback-{lane.key}"]
+        assert step["depends_on"] == lane.key and step["allow_dependency_failure"] is True
+        assert step["if"] == 'build.branch == "main"' and f"rollback --lane {lane.key}" in step["command"]
+    wf = YAML(typ="safe").load(ROLLBACK_FILE.read_text())
+    assert wf["on"] == {"workflow_run": {"workflows": ["lanes"], "types": ["completed"], "branches": ["main"]}}
+    job = wf["jobs"]["rollback"]
+    assert job["if"] == "github.event.workflow_run.conclusion == 'failure'"
+    assert len([s for s in job["steps"] if "lanekeeper rollback" in s.get("run", "")]) == len(merge_only)
 
 
 def test_buildkite_steps():
@@ -81,6 +100,7 @@ def test_unmatched_lanes_become_block_steps(tmp_path):
     steps = YAML(typ="safe").load(out.stdout)["steps"]
     keys = [s.get("key") for s in steps]
     assert "config-unblock" not in keys and "engine-unit-unblock" in keys
+    assert all(not k.startswith("rollback-") or k in keys for k in keys)
     unit = next(s for s in steps if s.get("key") == "engine-unit")
     assert unit["depends_on"] == "engine-unit-unblock"       # still there, behind a block step
     assert "tts-base-unblock" not in keys

@@ -202,3 +202,45 @@ def test_bad_input_exits_2_and_changes_nothing(problem, tmp_path, capsys):
     assert message in err, err
     assert (git(repo, "rev-parse", "HEAD"), git(repo, "status", "--porcelain")) == before
     assert git(repo, "branch", "--list", "rollback/*") == ""
+
+
+@pytest.mark.slow
+def test_two_real_lane_runs_make_the_history(tmp_path, capsys):
+    """Run a lane at the parent (green) and at the flip with a fault injected (red), record both,
+    and let rollback restore the default from that history."""
+    repo, s = make_repo(tmp_path, after=())
+    lanes_file = tmp_path / "lanes.yaml"
+    lanes_file.write_text("""\
+lanes:
+  - key: tts-smoke
+    label: "TTS · smoke"
+    trigger: merge_only
+    paths: [tests/e2e/offline/test_custom_voice.py]
+    markers: merge_only
+    keyword: "text_to_audio and v2-cuda_graph-async_chunk"
+    timeout: 120
+    budget: 600
+""")
+    hist = tmp_path / "history.json"
+    import os
+    import sys
+
+    for number, (sha, faults) in enumerate([(s["base"], ""), (s["flip"], "drop_handoff:after_frames=2")], start=1):
+        git(repo, "checkout", "-q", sha)
+        art = tmp_path / f"art{number}"
+        run = subprocess.run([sys.executable, "-m", "ci.cli", "run", "tts-smoke", "--lanes-file", str(lanes_file),
+                              "--artifacts", str(art)], cwd=repo, capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "LANEKEEPER_FAULTS": faults})
+        assert run.returncode == (0 if number == 1 else 1), run.stdout[-2000:]
+        assert main(["history", "add", str(hist), "--lane", "tts-smoke", "--junit", str(art / "junit.xml"),
+                     "--commit", sha, "--lanes-file", str(lanes_file)]) == 0
+    git(repo, "checkout", "-q", "main")
+    recorded = json.loads(hist.read_text())["builds"]
+    assert [b["lanes"]["tts-smoke"]["state"] for b in recorded] == ["passed", "failed"]
+    capsys.readouterr()
+    code = main(["rollback", "--lane", "tts-smoke", "--history", str(hist), "--repo", str(repo), "--min-red", "1",
+                 "--apply", "--verify", "config", "--lanes-file", str(lanes_file)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    branch = f"rollback/tts-smoke/{git(repo, 'rev-parse', '--short=10', s['flip'])}"
+    assert git(repo, "show", f"{branch}:{PROFILE}") == git(repo, "show", f"{s['base']}:{PROFILE}")
