@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
+from engine.config import line_of, plain
+
 LANES_FILE = Path(__file__).resolve().parent / "lanes.yaml"
 ROOT = LANES_FILE.parent.parent
 
@@ -104,37 +106,14 @@ def load(path: str | os.PathLike = LANES_FILE) -> list[Lane]:
         raise LaneError(f"{path}:{mark.line + 1 if mark else '?'}: YAML syntax error: "
                         f"{getattr(e, 'problem', e)}") from None
     try:
-        return LanesFile.model_validate(_plain(doc)).lanes
+        return LanesFile.model_validate(plain(doc)).lanes
     except ValidationError as e:
         err = e.errors()[0]
         loc = err["loc"]
-        line = _line(doc, loc)
+        line = line_of(doc, loc)
         where = ".".join(str(p) for p in loc)
         msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
         raise LaneError(f"{path}:{line or '?'}: {where}: {msg}") from None
-
-
-def _plain(node):
-    if isinstance(node, dict):
-        return {k: _plain(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_plain(v) for v in node]
-    return node
-
-
-def _line(doc, loc):
-    line, node = None, doc
-    for part in loc:
-        try:
-            if isinstance(node, dict) and part in node:
-                line, node = node.lc.key(part)[0] + 1, node[part]
-            elif isinstance(node, list) and isinstance(part, int) and part < len(node):
-                line, node = node.lc.item(part)[0] + 1, node[part]
-            else:
-                break
-        except AttributeError:
-            break
-    return line
 
 
 def find(name: str, lanes: list[Lane] | None = None) -> Lane:

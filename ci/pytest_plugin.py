@@ -37,6 +37,7 @@ import psutil
 import pytest
 
 from ci.matrix import CUDA_GRAPH, HANDOFFS, RUNNERS, cells, task_of
+from engine.procs import kill_processes
 
 MARKER_TIMEOUTS = {"config": 60.0, "offline": 300.0, "online": 300.0, "gpu": 900.0}
 DEFAULT_TIMEOUT = 600.0
@@ -242,11 +243,7 @@ def kill_engines() -> None:
         engine.close(timeout=0.5)
     for server in list(servers):
         server.kill()
-    for proc in _engine_processes():
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
+    kill_processes(_engine_processes())
 
 
 @pytest.hookimpl(wrapper=True)
@@ -313,16 +310,14 @@ def write_stall_report(lane: Lane) -> None:
 # ------------------------------------------------------------------ process guard
 
 def _stray_engine_processes() -> list[psutil.Process]:
+    """Engine (or server) processes that no open engine or live server owns."""
     from ci.remote_server import live_server_pids
     from engine.engine import live_engine_pids
 
     owned = live_engine_pids() | live_server_pids()
     stray = []
-    for proc in psutil.Process().children(recursive=True):
+    for proc in _engine_processes():
         try:
-            cmd = " ".join(proc.cmdline())
-            if "multiprocessing.spawn" not in cmd or "resource_tracker" in cmd:
-                continue
             if proc.pid in owned or proc.status() == psutil.STATUS_ZOMBIE:
                 continue
             if any(p.pid in owned for p in proc.parents()):
@@ -339,12 +334,7 @@ def pytest_runtest_teardown(item, nextitem):
     stray = _stray_engine_processes()
     if stray:
         desc = ", ".join(f"pid {p.pid}" for p in stray)
-        for proc in stray:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(stray, timeout=5)
+        kill_processes(stray)
         raise AssertionError(f"engine processes outlived {item.nodeid} (killed now): {desc}")
     return result
 

@@ -19,6 +19,8 @@ import weakref
 
 import psutil
 
+from engine.procs import kill_processes
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -31,13 +33,7 @@ def kill_tree(pid: int, timeout: float = 5.0) -> None:
         root = psutil.Process(pid)
     except psutil.NoSuchProcess:
         return
-    procs = [root] + root.children(recursive=True)
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=timeout)
+    kill_processes([root] + root.children(recursive=True), timeout)
 
 
 _LIVE: "weakref.WeakSet[RemoteServer]" = weakref.WeakSet()

@@ -164,7 +164,7 @@ def _load_doc(path: Path) -> CommentedMap:
     return doc
 
 
-def _line_of(doc: Any, loc: tuple) -> int | None:
+def line_of(doc: Any, loc: tuple) -> int | None:
     """Line (1-based) of the deepest node of `loc` that the YAML document has."""
     line, node = None, doc
     for part in loc:
@@ -194,7 +194,7 @@ def _loc_key(doc: Any, loc: tuple) -> str:
 
 def _validate_doc(doc: dict, path: Path, model=Profile) -> None:
     try:
-        model.model_validate(_plain(doc))
+        model.model_validate(plain(doc))
     except ValidationError as e:
         err = e.errors()[0]
         loc = tuple(err["loc"])
@@ -206,14 +206,14 @@ def _validate_doc(doc: dict, path: Path, model=Profile) -> None:
             msg = "unknown key"
         elif "input" in err and err["type"] not in ("missing",):
             msg = f"{msg} (got {err['input']!r})" if not isinstance(err["input"], (dict, list)) else msg
-        raise ProfileError(msg, path=path, key=_loc_key(doc, loc), line=_line_of(doc, loc)) from None
+        raise ProfileError(msg, path=path, key=_loc_key(doc, loc), line=line_of(doc, loc)) from None
 
 
-def _plain(node: Any) -> Any:
+def plain(node: Any) -> Any:
     if isinstance(node, dict):
-        return {k: _plain(v) for k, v in node.items()}
+        return {k: plain(v) for k, v in node.items()}
     if isinstance(node, list):
-        return [_plain(v) for v in node]
+        return [plain(v) for v in node]
     return node
 
 
@@ -237,14 +237,14 @@ def _flatten(node: Any, prefix: str, label, out: dict, skip: tuple = ()) -> None
                     if isinstance(svalue, dict):
                         _flatten(svalue, spath + ".", label, out)
                     else:
-                        out[spath] = (_plain(svalue), label(sline))
+                        out[spath] = (plain(svalue), label(sline))
                 out.setdefault(f"stages.{sid}", (None, label(item.lc.line + 1 if isinstance(item, CommentedMap) else None)))
         elif isinstance(value, dict) and value:
             _flatten(value, path + ".", label, out)
         elif isinstance(value, dict):
             out.setdefault(path, ({}, label(line)))
         else:
-            out[path] = (_plain(value), label(line))
+            out[path] = (plain(value), label(line))
 
 
 def _unflatten(flat: dict[str, Any]) -> dict:
@@ -365,7 +365,7 @@ def _layers(path: Path, chain: tuple[Path, ...] = ()) -> list[tuple[Path, Commen
     if path in chain:
         cycle = " -> ".join(p.name for p in chain + (path,))
         raise ProfileError(f"base_config cycle: {cycle}", path=chain[-1], key="base_config",
-                           line=_line_of(_load_doc(chain[-1]), ("base_config",)))
+                           line=line_of(_load_doc(chain[-1]), ("base_config",)))
     doc = _load_doc(path)
     _validate_doc(doc, path)
     base = doc.get("base_config")
@@ -374,7 +374,7 @@ def _layers(path: Path, chain: tuple[Path, ...] = ()) -> list[tuple[Path, Commen
     base_path = (path.parent / base).resolve()
     if not base_path.is_file():
         raise ProfileError(f"base_config file not found: {base_path}", path=path, key="base_config",
-                           line=_line_of(doc, ("base_config",)))
+                           line=line_of(doc, ("base_config",)))
     return _layers(base_path, chain + (path,)) + [(path, doc)]
 
 

@@ -26,7 +26,7 @@ from engine.config import ResolvedProfile
 from engine.errors import EngineError, RequestFailed, failure  # noqa: F401  (RequestFailed re-exported)
 from engine.faults import from_env as faults_from_env, parse as parse_faults
 from engine.presets import CODEBOOKS, SAMPLE_RATE, SAMPLES_PER_FRAME
-from engine.procs import stage_main
+from engine.procs import kill_processes, stage_main
 from engine.request import AudioChunk, RequestError, SpeechRequest, SpeechResult
 from engine.watchdog import Watchdog
 
@@ -97,12 +97,7 @@ def _kill_group(pgid: int | None, pids: list[int]) -> None:
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    for proc in victims:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(victims, timeout=5)
+    kill_processes(victims)
 
 
 class TTSEngine:

@@ -10,6 +10,18 @@ import time
 STACK_DUMP_SIGNAL = signal.SIGUSR1
 
 
+def kill_processes(procs, timeout: float = 5.0) -> None:
+    """SIGKILL each psutil.Process (gone ones are fine) and reap them."""
+    import psutil
+
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=timeout)
+
+
 def join_group(leader_pid: int | None) -> None:
     """Stage 0 leads a new process group; every other stage (and its children) joins it."""
     if leader_pid is None:

@@ -65,9 +65,8 @@ class Code2Wav:
         else:
             audio = np.zeros(0, dtype=np.float32)
         index = self.chunks.get(rid, 0)
-        if window.final:
-            self.finished += 1
         if window.final:  # timing first: the final chunk completes the request on the other side
+            self.finished += 1
             self.codes.pop(rid, None)
             self.chunks.pop(rid, None)
             self.out_q.put(("stage1_done", rid, time.monotonic() - self.first_seen.pop(rid)))

@@ -47,3 +47,15 @@ def greedy_reference(ref_audio):
         req = make_request(task, "Greedy codes must match everywhere.", ref_audio, temperature=0.0, seed=7)
         refs[task] = (req, *reference_run(req))
     return refs
+
+
+def assert_matches_reference(engine, greedy_reference, task: str, request_id: str):
+    """The cell's greedy codes equal the reference's; its audio is within 1e-3 of a whole-payload decode."""
+    import dataclasses
+
+    req, codes, audio = greedy_reference[task]
+    (result,) = engine.generate([dataclasses.replace(req, request_id=request_id)])
+    assert result.ok and len(result.audio) > 0, result.error
+    np.testing.assert_array_equal(result.codes, codes)
+    assert np.abs(result.audio - audio).max() < 1e-3
+    return codes

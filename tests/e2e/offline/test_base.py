@@ -1,20 +1,15 @@
 """Offline matrix, Base (voice cloning from reference audio and its transcript)."""
-import dataclasses
-
 import numpy as np
 import pytest
 
 from tests.e2e.conftest import make_request
+from tests.e2e.offline.conftest import assert_matches_reference
 
 pytestmark = [pytest.mark.offline, pytest.mark.merge_only]
 
 
 def test_voice_clone(cell, offline_engine, greedy_reference):
-    req, codes, audio = greedy_reference["Base"]
-    (result,) = offline_engine.generate([dataclasses.replace(req, request_id=f"base-{cell.id}")])
-    assert result.ok and len(result.audio) > 0
-    np.testing.assert_array_equal(result.codes, codes)
-    assert np.abs(result.audio - audio).max() < 1e-3
+    codes = assert_matches_reference(offline_engine, greedy_reference, "Base", f"base-{cell.id}")
     assert not np.array_equal(codes, greedy_reference["CustomVoice"][1])
 
 

@@ -1,5 +1,4 @@
 """Offline matrix, CustomVoice: runner x CUDA graphs x handoff, one engine per cell."""
-import dataclasses
 import itertools
 
 import numpy as np
@@ -9,6 +8,7 @@ from engine.presets import CODEBOOK_SIZE, SAMPLE_RATE, SAMPLES_PER_FRAME
 from engine.request import SpeechRequest
 from engine.tokenizer import frames_for_text
 from tests.e2e.conftest import TEXTS, make_request
+from tests.e2e.offline.conftest import assert_matches_reference
 
 pytestmark = [pytest.mark.offline, pytest.mark.merge_only]
 
@@ -47,10 +47,7 @@ def test_streaming_equals_generate(cell, offline_engine):
 
 
 def test_greedy_matches_reference(cell, offline_engine, greedy_reference):
-    req, codes, audio = greedy_reference["CustomVoice"]
-    (result,) = offline_engine.generate([dataclasses.replace(req, request_id=f"greedy-{cell.id}")])
-    np.testing.assert_array_equal(result.codes, codes)
-    assert np.abs(result.audio - audio).max() < 1e-3
+    assert_matches_reference(offline_engine, greedy_reference, "CustomVoice", f"greedy-{cell.id}")
 
 
 def test_batch_of_32(cell, offline_engine, ref_audio):
