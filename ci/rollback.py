@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ruamel.yaml import YAML
 
-from ci.history import Build, HistoryError
+from ci.history import Build
 from ci.lanes import Lane
 
 PROFILES = "profiles"

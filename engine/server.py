@@ -152,7 +152,7 @@ class ReferenceLoader:
             path = Path(ref[len("file://"):])
             real = path.resolve()
             if not real.is_relative_to(self.allowed):
-                raise APIError(403, f"ref_audio path is outside the allowed media directory", "ref_audio",
+                raise APIError(403, "ref_audio path is outside the allowed media directory", "ref_audio",
                                "path_not_allowed")
             if not real.is_file():
                 raise APIError(400, f"ref_audio file not found: {path}", "ref_audio")

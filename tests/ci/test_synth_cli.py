@@ -1,6 +1,5 @@
 """`lanekeeper synth`: flags reach the engine, the WAV is right, bad input exits 2."""
 import subprocess
-import sys
 
 import numpy as np
 import pytest

@@ -8,7 +8,6 @@ import pytest
 import soundfile as sf
 
 from ci.remote_server import RemoteServer
-from tests.e2e.online.conftest import data_url
 
 pytestmark = pytest.mark.online
 
