@@ -93,10 +93,9 @@ def matrix(cases: list[Case]) -> list[dict]:
                 row["diagnoses"].append(found.group(0)[:160])
         else:
             row["failed"] += 1
-    runner = lambda c: c.split("-")
     out = []
     for (mode, cell, task), row in sorted(rows.items()):
-        r, graph, handoff = runner(cell)
+        r, graph, handoff = cell.split("-")
         out.append({"mode": mode, "cell": cell, "runner": r, "cuda_graph": graph, "handoff": handoff,
                     "task": task, **row})
     return out

@@ -130,9 +130,9 @@ def _ini(config):
 
 
 def timeout_for(item) -> float:
-    if item.get_closest_marker("timeout") is not None:
-        return float(item.get_closest_marker("timeout").args[0] if item.get_closest_marker("timeout").args
-                     else item.get_closest_marker("timeout").kwargs.get("timeout", DEFAULT_TIMEOUT))
+    marker = item.get_closest_marker("timeout")
+    if marker is not None:
+        return float(marker.args[0] if marker.args else marker.kwargs.get("timeout", DEFAULT_TIMEOUT))
     configured = _configured_timeout(item.config)
     if configured is not None:
         return configured
