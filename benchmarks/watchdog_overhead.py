@@ -2,8 +2,8 @@
 
     python benchmarks/watchdog_overhead.py --rounds 5 --batch 16
 
-"off" disables the watchdog thread and stretches heartbeats to once an hour, so it
-measures the whole cost: heartbeat threads, progress tracking and the checks.  Each
+"off" disables the stall checks (dead stages are still noticed) and stretches heartbeats
+to once an hour, so it measures the cost of heartbeat threads, progress tracking and the checks.  Each
 mode keeps one engine and runs several timed batches; the medians are compared.
 """
 from __future__ import annotations

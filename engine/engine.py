@@ -28,9 +28,8 @@ from engine.faults import from_env as faults_from_env, parse as parse_faults
 from engine.presets import CODEBOOKS, SAMPLE_RATE, SAMPLES_PER_FRAME
 from engine.procs import kill_processes, stage_main
 from engine.request import AudioChunk, RequestError, SpeechRequest, SpeechResult
-from engine.watchdog import Watchdog
+from engine.watchdog import STAGE_NAMES, Watchdog
 
-STAGE_NAMES = {0: "talker", 1: "code2wav"}
 _LIVE: "weakref.WeakSet[TTSEngine]" = weakref.WeakSet()
 
 
@@ -133,9 +132,8 @@ class TTSEngine:
             raise
         self._reader = threading.Thread(target=self._read, name="lanekeeper-output", daemon=True)
         self._reader.start()
-        self.watchdog = Watchdog(self) if profile.config.watchdog.enabled else None
-        if self.watchdog:
-            self.watchdog.start()
+        self.watchdog = Watchdog(self)
+        self.watchdog.start()
 
     # ------------------------------------------------------------ lifecycle
     def _wait_ready(self, timeout: float) -> None:
@@ -159,9 +157,6 @@ class TTSEngine:
 
     def dead_stages(self) -> list[int]:
         return [stage for stage, proc in enumerate(self.procs) if not proc.is_alive()]
-
-    def in_flight(self) -> int:
-        return len(self._tracked)
 
     def tracked(self) -> list[_Tracked]:
         with self._lock:
@@ -226,17 +221,8 @@ class TTSEngine:
             try:
                 msg = self.out_q.get(timeout=0.2)
             except (queue.Empty, OSError, ValueError, EOFError, EngineError):
-                if self.watchdog is None:
-                    self._check_stages()
                 continue
             self._dispatch(msg)
-
-    def _check_stages(self) -> None:
-        for stage, proc in enumerate(self.procs):
-            if not self.closed and not proc.is_alive():
-                self._fail_all({"kind": "StageDied", "stage": stage, "stage_name": STAGE_NAMES[stage],
-                                "exitcode": proc.exitcode,
-                                "message": f"stage {stage} ({STAGE_NAMES[stage]}) exited with code {proc.exitcode}"})
 
     def _dispatch(self, msg) -> None:
         if isinstance(msg, AudioChunk):

@@ -5,7 +5,8 @@ It reads what the engine already receives: each stage's heartbeats (with its pro
 counters) and, per request, frames produced and handed off by stage 0 and consumed by
 stage 1.  Deadlines come from the profile's `watchdog:` section.
 
-- StageDied: a stage process exited.  Every in-flight request needs both stages.
+- StageDied: a stage process exited.  Every in-flight request needs both stages.  This check
+  always runs; `watchdog.enabled: false` turns off only the stall deadlines below.
 - StageStall: a stage went quiet (no heartbeat), or has work and its progress counter
   has not moved for stage_deadline_s.
 - StageHandoffStall: stage 0 handed off frames that stage 1 has not received after
@@ -54,7 +55,7 @@ class Watchdog(threading.Thread):
                 self.fail("StageDied", stage, tracked, 0.0,
                           f"stage {stage} ({STAGE_NAMES[stage]}) exited with code {code}", exitcode=code)
             return
-        if not tracked:
+        if not tracked or not self.cfg.enabled:
             self.counters.clear()
             return
         beats = eng.beats

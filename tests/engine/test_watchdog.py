@@ -103,3 +103,10 @@ def test_malformed_faults_are_clear_errors(monkeypatch, capsys):
     monkeypatch.setenv("LANEKEEPER_FAULTS", "drop_handoff:after=3")
     with pytest.raises(FaultSpecError, match="LANEKEEPER_FAULTS: bad parameter 'after=3'"):
         TTSEngine(resolve("qwen3_tts", platform="cpu"))
+
+
+def test_dead_stage_is_noticed_with_stall_checks_off():
+    with _engine("kill_stage:stage=1,after_frames=1", "watchdog.enabled=false") as engine:
+        (result,) = engine.generate([SpeechRequest("Stall checks are off, death is not missed.")], timeout=30)
+    with pytest.raises(StageDied):
+        result.raise_for_status()
