@@ -105,7 +105,6 @@ class TTSEngine:
         self.closed = False
         self.info: dict[int, dict] = {}
         self.beats: dict[int, tuple[float, dict]] = {}
-        self.started_at = time.monotonic()
         faults = parse_faults(profile.config.faults, "profile faults") + faults_from_env()
         self.faults = faults
         ctx = mp.get_context("spawn")
@@ -151,6 +150,9 @@ class TTSEngine:
                 continue
             if msg[0] == "ready":
                 self.info[msg[1]] = msg[2]
+                self.beats[msg[1]] = (time.monotonic(), {})   # ready is a stage's first sign of life
+            elif msg[0] == "beat":
+                self.beats[msg[1]] = (time.monotonic(), msg[2])
             elif msg[0] == "fatal":
                 raise EngineError(f"stage {msg[1]} ({STAGE_NAMES[msg[1]]}) failed during start-up: "
                                   f"{msg[2].strip().splitlines()[-1]}", detail=msg[2])

@@ -60,7 +60,7 @@ class Watchdog(threading.Thread):
             return
         beats = eng.beats
         for stage in (0, 1):
-            seen = beats.get(stage, (eng.started_at, {}))[0]
+            seen = beats[stage][0]   # every stage beat at least once: its ready
             if now - seen > self.cfg.stage_deadline_s:
                 self.fail("StageStall", stage, tracked, now - seen,
                           f"stage {stage} ({STAGE_NAMES[stage]}) sent no heartbeat for {now - seen:.1f}s")
