@@ -2,9 +2,11 @@
 
     python benchmarks/offline_matrix.py --platform cuda --preset 0.6b --batch 64
     python benchmarks/offline_matrix.py --platform cpu --batch 8
+    python benchmarks/offline_matrix.py --platform cpu --batch 8 --backend torch --backend vllm --runner v1
 
-Prints a Markdown table.  Each cell starts its own engine (CUDA graph capture is part
-of the start time), runs one warm-up request, then times one batch.
+Prints a Markdown table.  Each cell starts its own engine (CUDA graph capture, or vLLM's
+start-up, is part of the start time), runs one warm-up request, then times one batch.  A
+cell vLLM refuses here is listed with vLLM's reason.
 """
 from __future__ import annotations
 
@@ -12,17 +14,20 @@ import argparse
 import json
 import time
 
-from ci.matrix import cells
-from engine.config import resolve
+from ci.matrix import CUDA_GRAPH, HANDOFFS, RUNNERS, cells
+from engine.config import BACKENDS, resolve
 from engine.engine import TTSEngine
 from engine.request import SpeechRequest
+from engine.vllm_talker import unsupported
 
 
-def bench_cell(cell, args) -> dict:
+def cell_profile(cell, args):
     overrides = cell.overrides + [f"model.preset={args.preset}", f"model.dtype={args.dtype}",
                                   f"stages.0.max_num_seqs={args.batch}", f"stages.1.max_num_seqs={args.batch}"]
-    overrides += args.overrides
-    profile = resolve("qwen3_tts", platform=args.platform, overrides=overrides)
+    return resolve("qwen3_tts", platform=args.platform, overrides=overrides + args.overrides)
+
+
+def bench_cell(profile, args) -> dict:
     t0 = time.perf_counter()
     with TTSEngine(profile) as engine:
         start_s = time.perf_counter() - t0
@@ -37,7 +42,7 @@ def bench_cell(cell, args) -> dict:
     frames = sum(len(r.codes) for r in results)
     audio = sum(r.duration_s for r in results)
     ttfa = sorted(r.timings["first_audio_s"] for r in results)
-    return {"cell": cell.id, "start_s": start_s, "captured": info.get("captured", []), "wall_s": wall,
+    return {"cell": profile.cell, "start_s": start_s, "captured": info.get("captured", []), "wall_s": wall,
             "frames": frames, "frames_per_s": frames / wall, "audio_s_per_s": audio / wall,
             "first_audio_p50_ms": 1000 * ttfa[len(ttfa) // 2]}
 
@@ -51,6 +56,8 @@ def main() -> None:
     ap.add_argument("--text-bytes", type=int, default=60, help="input length; frames = 0.8 * bytes + 2")
     ap.add_argument("--runner", action="append")
     ap.add_argument("--cuda-graph", action="append")
+    ap.add_argument("--handoff", action="append")
+    ap.add_argument("--backend", action="append", choices=BACKENDS)
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--json", help="also write rows to this file")
     args = ap.parse_args()
@@ -58,8 +65,15 @@ def main() -> None:
     print(f"preset={args.preset} dtype={args.dtype} batch={args.batch} text_bytes={args.text_bytes}")
     print("| cell | start s | captured sizes | batch wall s | frames | frames/s | audio-s/s | first audio p50 ms |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for cell in cells(runners=args.runner or ("v1", "v2"), cuda_graphs=args.cuda_graph or ("on", "off")):
-        row = bench_cell(cell, args)
+    chosen = [c for backend in args.backend or ["torch"]
+              for c in cells(args.runner or RUNNERS, args.cuda_graph or CUDA_GRAPH, args.handoff or HANDOFFS, backend)]
+    for cell in chosen:
+        profile = cell_profile(cell, args)
+        why = unsupported(profile) if cell.backend == "vllm" else None
+        if why:
+            print(f"| {cell.id} | skipped: {why} |", flush=True)
+            continue
+        row = bench_cell(profile, args)
         rows.append(row)
         print(f"| {row['cell']} | {row['start_s']:.1f} | {row['captured'] or '-'} | {row['wall_s']:.2f} | "
               f"{row['frames']} | {row['frames_per_s']:.0f} | {row['audio_s_per_s']:.1f} | "

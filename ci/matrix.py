@@ -1,4 +1,5 @@
-"""The test matrix: runner x CUDA graphs x handoff, and what each axis sets in a profile.
+"""The test matrix: runner x CUDA graphs x handoff (on one stage-0 backend), and what each axis sets
+in a profile.
 
 The graphs-off cell mirrors the anchor's `no_cuda_graph` test: eager on both stages
 and no async scheduling.
@@ -40,23 +41,25 @@ class Cell:
     runner: str
     cuda_graph: str
     handoff: str
+    backend: str = "torch"
 
     @property
     def id(self) -> str:
-        return cell_id(self.runner, self.cuda_graph == "on", self.handoff == "async_chunk")
+        return cell_id(self.runner, self.cuda_graph == "on", self.handoff == "async_chunk", self.backend)
 
     @property
     def overrides(self) -> list[str]:
-        return axis_overrides(self.runner, self.cuda_graph, self.handoff)
+        return axis_overrides(self.runner, self.cuda_graph, self.handoff) + \
+            ([f"backend={self.backend}"] if self.backend != "torch" else [])
 
     @classmethod
     def from_id(cls, cell_id: str) -> "Cell":
-        runner, graph, handoff = cell_id.split("-")
-        return cls(runner, "off" if graph == "no_cuda_graph" else "on", handoff)
+        *backend, runner, graph, handoff = cell_id.split("-")
+        return cls(runner, "off" if graph == "no_cuda_graph" else "on", handoff, *backend)
 
 
 TASK_NEEDLES = (("voice_design", "VoiceDesign"), ("voice_clone", "Base"), ("test_base", "Base"))
-CELL_RE = re.compile(r"\b(v1|v2)-(cuda_graph|no_cuda_graph)-(async_chunk|full_payload)\b")
+CELL_RE = re.compile(r"\b(vllm-)?(v1|v2)-(cuda_graph|no_cuda_graph)-(async_chunk|full_payload)\b")
 
 
 def task_of(test_id: str) -> str:
@@ -72,5 +75,5 @@ def cell_in(test_id: str) -> str | None:
     return m.group(0) if m else None
 
 
-def cells(runners=RUNNERS, cuda_graphs=CUDA_GRAPH, handoffs=HANDOFFS) -> list[Cell]:
-    return [Cell(r, g, h) for r, g, h in itertools.product(runners, cuda_graphs, handoffs)]
+def cells(runners=RUNNERS, cuda_graphs=CUDA_GRAPH, handoffs=HANDOFFS, backend: str = "torch") -> list[Cell]:
+    return [Cell(r, g, h, backend) for r, g, h in itertools.product(runners, cuda_graphs, handoffs)]

@@ -2,6 +2,8 @@
 
 Options
   --platform / --runner / --cuda-graph / --handoff   narrow the runner x graph x handoff matrix
+  --backend torch|vllm   the stage-0 backend the matrix runs on; cells a backend cannot run here
+                         are skipped with the backend's own reason
   --report-dir DIR       where stall-report.{json,md} and matrix-summary.md go
   --lane-budget SECONDS  end the whole run cleanly before a CI job timeout would
 
@@ -17,7 +19,7 @@ Hooks, in the order a test meets them
                            the stall report; later tests of a stalled cell fail at once
   pytest_runtest_teardown  any engine process that no open engine or server owns is killed, and
                            the test errors
-  pytest_terminal_summary  the matrix (cell x task: passed / failed / stalled and why), printed
+  pytest_terminal_summary  the matrix (cell x task: passed / failed / stalled / skipped and why), printed
                            and written as Markdown for CI annotations
 """
 from __future__ import annotations
@@ -37,6 +39,7 @@ import psutil
 import pytest
 
 from ci.matrix import CUDA_GRAPH, HANDOFFS, RUNNERS, cells, task_of
+from engine.config import BACKENDS
 from engine.procs import kill_processes
 
 MARKER_TIMEOUTS = {"config": 60.0, "offline": 300.0, "online": 300.0, "gpu": 900.0}
@@ -46,6 +49,8 @@ DEFAULT_TIMEOUT = 600.0
 def pytest_addoption(parser):
     group = parser.getgroup("lanekeeper")
     group.addoption("--platform", default=None, help="platform to resolve profiles for (default: detected)")
+    group.addoption("--backend", choices=BACKENDS, default="torch",
+                    help="stage-0 backend the matrix runs on (default: torch, the built-in talker)")
     group.addoption("--runner", choices=RUNNERS, action="append", help="only these model runners")
     group.addoption("--cuda-graph", choices=CUDA_GRAPH, action="append", help="only these CUDA graph modes")
     group.addoption("--handoff", choices=HANDOFFS, action="append", help="only these handoff modes")
@@ -57,13 +62,34 @@ def pytest_addoption(parser):
 
 def selected_cells(config):
     return cells(config.getoption("runner") or RUNNERS, config.getoption("cuda_graph") or CUDA_GRAPH,
-                 config.getoption("handoff") or HANDOFFS)
+                 config.getoption("handoff") or HANDOFFS, config.getoption("backend"))
+
+
+def unsupported_cells(config, chosen) -> dict[str, str]:
+    """Cells the backend cannot run on this platform, with the backend's own reason (asked once a run)."""
+    if config.getoption("backend") != "vllm":
+        return {}
+    lane = config.stash[LANE]
+    if lane.unsupported is None:
+        from engine.config import detect_platform, resolve
+        from engine.vllm_talker import unsupported
+
+        platform = config.getoption("platform") or detect_platform()
+        lane.unsupported = {}
+        for cell in chosen:
+            reason = unsupported(resolve("qwen3_tts", platform=platform, overrides=cell.overrides))
+            if reason:
+                lane.unsupported[cell.id] = reason
+    return lane.unsupported
 
 
 def pytest_generate_tests(metafunc):
     if "cell" in metafunc.fixturenames:
         chosen = selected_cells(metafunc.config)
-        metafunc.parametrize("cell", chosen, ids=[c.id for c in chosen], scope="session")
+        skips = unsupported_cells(metafunc.config, chosen)
+        params = [pytest.param(c, id=c.id, marks=[pytest.mark.skip(reason=skips[c.id])] if c.id in skips else [])
+                  for c in chosen]
+        metafunc.parametrize("cell", params, scope="session")
 
 
 @pytest.fixture(scope="session")
@@ -88,8 +114,9 @@ class Lane:
         self.stack_dir = Path(tempfile.mkdtemp(prefix="lanekeeper-stacks-"))
         self.incidents: list[dict] = []
         self.stalled_cells: dict[str, str] = {}
+        self.unsupported: dict[str, str] | None = None    # cell id -> why the backend cannot run it here
         self.outcomes: dict[tuple, dict] = defaultdict(lambda: {"passed": 0, "failed": 0, "stalled": 0,
-                                                                "why": []})
+                                                                "skipped": 0, "why": []})
 
     def remaining(self) -> float | None:
         return None if self.budget is None else self.budget - (time.monotonic() - self.started)
@@ -200,7 +227,8 @@ def _engine_processes() -> list[psutil.Process]:
             cmd = " ".join(proc.cmdline())
         except psutil.Error:
             continue
-        if ("multiprocessing.spawn" in cmd and "resource_tracker" not in cmd) or "ci.cli serve" in cmd:
+        if ("multiprocessing.spawn" in cmd and "resource_tracker" not in cmd) or "ci.cli serve" in cmd \
+                or cmd.startswith("VLLM::"):   # vLLM's engine core and workers, after setproctitle
             procs.append(proc)
     return procs
 
@@ -251,7 +279,7 @@ def pytest_runtest_makereport(item, call):
     report = yield
     lane = item.config.stash[LANE]
     cell, task = _cell_of(item), task_of(item.nodeid)
-    if report.when == "call" or (report.failed and report.when == "setup"):
+    if report.when == "call" or (report.when == "setup" and (report.failed or report.skipped)):
         key = ("online" if "/online/" in item.nodeid else "offline", cell or "-", task)
         incident = None
         if report.failed and call.excinfo is not None:
@@ -276,6 +304,12 @@ def pytest_runtest_makereport(item, call):
         outcome = lane.outcomes[key]
         if report.passed:
             outcome["passed"] += 1
+        elif report.skipped:
+            outcome["skipped"] += 1
+            why = "skipped: " + (report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr))
+            why = why.replace("Skipped: ", "")
+            if why not in outcome["why"]:
+                outcome["why"].append(why)
         elif report.failed:
             outcome["stalled" if incident else "failed"] += 1
             why = incident["kind"] + (f" at stage {incident['stage']}" if "stage" in incident else "") \
@@ -345,11 +379,12 @@ def matrix_markdown(lane: Lane) -> str:
     rows = sorted(k for k in lane.outcomes if k[1] != "-")
     if not rows:
         return ""
-    lines = ["| mode | cell | task | passed | failed | stalled | why |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| mode | cell | task | passed | failed | stalled | skipped | why |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for key in rows:
         o = lane.outcomes[key]
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {o['passed']} | {o['failed']} | {o['stalled']} | "
-                     f"{'; '.join(o['why']).replace('|', '/')} |")
+                     f"{o['skipped']} | {'; '.join(o['why']).replace('|', '/')} |")
     stalled = sorted(lane.stalled_cells)
     if stalled:
         lines += ["", f"Stalled cells: {', '.join(stalled)}"]

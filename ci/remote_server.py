@@ -48,7 +48,7 @@ class ServerDied(RuntimeError):
 
 
 class RemoteServer:
-    def __init__(self, args: list[str] = (), start_timeout: float = 120.0, env: dict | None = None):
+    def __init__(self, args: list[str] = (), start_timeout: float = 300.0, env: dict | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="lanekeeper-serve-", suffix=".log", delete=False)

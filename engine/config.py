@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from ruamel.yaml import YAML
@@ -26,6 +26,8 @@ V2_UNSUPPORTED = ("npu", "xpu")
 PROFILES_DIR = Path(os.environ.get("LANEKEEPER_PROFILES_DIR", Path(__file__).resolve().parent.parent / "profiles"))
 
 Runner = Literal["v1", "v2"]
+Backend = Literal["torch", "vllm"]   # stage 0: the built-in talker, or codebook 0 on vLLM
+BACKENDS = get_args(Backend)
 Platform = Literal["cuda", "cpu", "rocm", "npu", "xpu", "musa"]
 
 
@@ -86,6 +88,7 @@ class Settings(_Strict):
 
     model_runner: Runner = "v1"
     async_chunk: bool = True
+    backend: Backend = "torch"
     model: ModelConfig = Field(default_factory=ModelConfig)
     connectors: dict[str, Connector] = Field(default_factory=dict)
     watchdog: Watchdog = Field(default_factory=Watchdog)
@@ -319,7 +322,8 @@ class ResolvedProfile:
     @property
     def cell(self) -> str:
         """The matrix cell this profile runs as: runner-graph-handoff."""
-        return cell_id(self.config.model_runner, not self.stage(0).enforce_eager, self.config.async_chunk)
+        return cell_id(self.config.model_runner, not self.stage(0).enforce_eager, self.config.async_chunk,
+                       self.config.backend)
 
     def explain(self) -> dict[str, dict[str, Any]]:
         return {p: {"value": v, "source": self.sources.get(p, "schema default")} for p, v in self.flat().items()}
@@ -328,8 +332,10 @@ class ResolvedProfile:
         return self.config.model_dump()
 
 
-def cell_id(runner: str, cuda_graph: bool, async_chunk: bool) -> str:
-    return f"{runner}-{'cuda_graph' if cuda_graph else 'no_cuda_graph'}-{'async_chunk' if async_chunk else 'full_payload'}"
+def cell_id(runner: str, cuda_graph: bool, async_chunk: bool, backend: str = "torch") -> str:
+    """runner-graph-handoff, prefixed by the stage-0 backend when it is not the built-in one."""
+    cell = f"{runner}-{'cuda_graph' if cuda_graph else 'no_cuda_graph'}-{'async_chunk' if async_chunk else 'full_payload'}"
+    return cell if backend == "torch" else f"{backend}-{cell}"
 
 
 def parse_override(text: str) -> tuple[str, Any]:

@@ -154,8 +154,8 @@ class TTSEngine:
             elif msg[0] == "beat":
                 self.beats[msg[1]] = (time.monotonic(), msg[2])
             elif msg[0] == "fatal":
-                raise EngineError(f"stage {msg[1]} ({STAGE_NAMES[msg[1]]}) failed during start-up: "
-                                  f"{msg[2].strip().splitlines()[-1]}", detail=msg[2])
+                raise EngineError(f"stage {msg[1]} ({STAGE_NAMES[msg[1]]}) failed during start-up: {msg[3]}",
+                                  detail=msg[2])
 
     def dead_stages(self) -> list[int]:
         return [stage for stage, proc in enumerate(self.procs) if not proc.is_alive()]
@@ -185,7 +185,19 @@ class TTSEngine:
         return {stage: stats.get("depth", 0) for stage, (_, stats) in sorted(self.beats.items())}
 
     def pids(self) -> list[int]:
-        return [p.pid for p in self.procs if p.pid is not None and not self.closed]
+        """The stage processes and what they started (vLLM's engine core and workers, say)."""
+        if self.closed:
+            return []
+        out = []
+        for proc in self.procs:
+            if proc.pid is None:
+                continue
+            out.append(proc.pid)
+            try:
+                out += [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+            except psutil.Error:
+                pass
+        return out
 
     def close(self, timeout: float = 5.0) -> None:
         if self.closed:
@@ -263,9 +275,9 @@ class TTSEngine:
             _, rid, stage, message = msg
             self._fail(rid, {"kind": "RequestFailed", "stage": stage, "message": message})
         elif kind == "fatal":
-            _, stage, tb = msg
+            _, stage, tb, summary = msg
             self._fail_all({"kind": "StageCrashed", "stage": stage, "stage_name": STAGE_NAMES[stage],
-                            "message": tb.strip().splitlines()[-1], "traceback": tb})
+                            "message": summary, "traceback": tb})
 
     def _maybe_done(self, t: _Tracked) -> None:
         if t.codes is not None and t.audio_done:

@@ -32,9 +32,8 @@ class Talker:
         self.device = device_for(profile, self.stage)
         self.models = build_models(cfg.model.preset, cfg.model.seed, cfg.model.checkpoint, cfg.model.dtype,
                                    str(self.device), parts=("talker",))
-        graphs = not self.stage.enforce_eager
         self.max_len = self.stage.max_model_len
-        self.runner = make_runner(cfg.model_runner, self.models, self.stage, self.device, graphs, self.max_len)
+        self.runner = self.make_runner(profile)
         self.policy = HandoffPolicy(cfg.async_chunk, profile.connector())
         self.handoff_q, self.out_q = handoff_q, out_q
         self.waiting: deque[Sequence] = deque()
@@ -43,8 +42,26 @@ class Talker:
         self.started: dict[str, float] = {}
         self.steps = 0
 
+    def make_runner(self, profile):
+        return make_runner(profile.config.model_runner, self.models, self.stage, self.device,
+                           not self.stage.enforce_eager, self.max_len)
+
+    def info(self) -> dict:
+        """What stage 0 reports with its ready message."""
+        pool = getattr(self.runner, "pool", None)
+        return {"backend": "torch", "runner": self.runner.name, "graphs": bool(self.runner.capture_sizes),
+                "captured": sorted(pool.graphs) if pool else []}
+
+    def close(self) -> None:
+        """Nothing to release: the built-in talker lives in this process."""
+
+    @property
+    def synthetic(self) -> bool:
+        """Weights with no sense of length: a request then stops at its text's length."""
+        return self.models.synthetic
+
     def add(self, req) -> None:
-        target = frames_for_text(req.text) if self.models.synthetic else None
+        target = frames_for_text(req.text) if self.synthetic else None
         params = SamplingParams.for_request(req, self.stage.default_sampling_params, target)
         prompt = self.models.talker.prompt_embeds(req)
         longest = prompt.shape[0] + min(params.max_tokens, target or params.max_tokens) + 1
@@ -149,14 +166,21 @@ class Talker:
                                                       "audio_s": len(codes) * SAMPLES_PER_FRAME / SAMPLE_RATE}))
 
 
+def make_talker(profile, handoff_q, out_q, faults=()) -> Talker:
+    """Stage 0 on the backend the profile names."""
+    if profile.config.backend == "vllm":
+        from engine.vllm_talker import VllmTalker
+
+        return VllmTalker(profile, handoff_q, out_q, faults)
+    return Talker(profile, handoff_q, out_q, faults)
+
+
 def run(profile, queues, parent_pid: int, faults=()) -> None:
     in_q, handoff_q, out_q = queues
     setup_torch()
     try:
-        talker = Talker(profile, handoff_q, out_q, faults)
-        out_q.put(("ready", 0, {"runner": talker.runner.name, "graphs": bool(talker.runner.capture_sizes),
-                                "captured": sorted(getattr(talker.runner, "pool", None).graphs)
-                                if getattr(talker.runner, "pool", None) else []}))
+        talker = make_talker(profile, handoff_q, out_q, faults)
+        out_q.put(("ready", 0, talker.info()))
         Heart(out_q, 0, profile.config.watchdog.heartbeat_interval_s, talker.stats).start()
         while True:
             if talker.faults.stalled(talker.steps):
@@ -170,6 +194,7 @@ def run(profile, queues, parent_pid: int, faults=()) -> None:
                 elif kind == "abort":
                     talker.abort(msg[1])
                 elif kind == "stop":
+                    talker.close()
                     handoff_q.put(("stop",))
                     return
             if talker.busy:
@@ -177,7 +202,7 @@ def run(profile, queues, parent_pid: int, faults=()) -> None:
     except SystemExit:
         raise
     except CapacityError as e:   # a configuration problem: the message is the whole story
-        out_q.put(("fatal", 0, f"CapacityError: {e}"))
+        fatal(out_q, 0, f"CapacityError: {e}")
         raise SystemExit(1)
     except BaseException:
         fatal(out_q, 0)

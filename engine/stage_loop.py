@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -64,5 +65,9 @@ def stall_forever() -> None:
         time.sleep(1)
 
 
-def fatal(out_q, stage_id: int) -> None:
-    out_q.put(("fatal", stage_id, traceback.format_exc()))
+def fatal(out_q, stage_id: int, summary: str | None = None) -> None:
+    """Report the exception being handled: its traceback, and a one-line summary for error messages."""
+    if summary is None:
+        etype, value, _ = sys.exc_info()
+        summary = " ".join("".join(traceback.format_exception_only(etype, value)).split())
+    out_q.put(("fatal", stage_id, traceback.format_exc(), summary))

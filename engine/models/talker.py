@@ -39,19 +39,10 @@ class Talker(nn.Module):
     def prompt_embeds(self, req) -> torch.Tensor:
         """[S, hidden] conditioning prompt: task, language, voice/instructions/reference, text, codec BOS."""
         dev = self.codec_head.weight.device
-        ids = lambda xs: torch.tensor(xs, dtype=torch.long, device=dev)
-        parts = [self.task_embed(ids([tok.TASK_TYPES.index(req.task_type)])),
-                 self.language_embed(ids([tok.LANGUAGES.index(req.language.lower())]))]
-        if req.task_type == "CustomVoice":
-            parts.append(self.speaker_embed(ids([tok.VOICES.index(req.voice.lower())])))
-        elif req.task_type == "VoiceDesign":
-            parts.append(self.text_embed(ids([tok.TEXT_INSTRUCT] + tok.encode(req.instructions))))
-        else:
-            feats = reference_features(req.ref_audio, req.ref_sample_rate).to(dev, self.ref_proj.weight.dtype)
-            parts.append(self.ref_proj(feats))
-            parts.append(self.text_embed(ids([tok.TEXT_REF] + tok.encode(req.ref_text))))
-        parts.append(self.text_embed(ids([tok.TEXT_BOS] + tok.encode(req.text) + [tok.TEXT_EOS])))
-        parts.append(self.codec_embed(ids([CODEC_BOS])))
+        tables = {"task": self.task_embed, "language": self.language_embed, "voice": self.speaker_embed,
+                  "text": self.text_embed, "codec": self.codec_embed}
+        parts = [self.ref_proj(x.to(dev, self.ref_proj.weight.dtype)) if kind == "reference"
+                 else tables[kind](torch.tensor(x, dtype=torch.long, device=dev)) for kind, x in prompt_parts(req)]
         return torch.cat(parts).to(self.codec_head.weight.dtype)
 
     def frame_embeds(self, codes: torch.Tensor) -> torch.Tensor:
@@ -64,6 +55,26 @@ class Talker(nn.Module):
     def forward(self, embeds, positions, cache):
         hidden = self.decoder(embeds, positions, cache)
         return hidden, self.codec_head(hidden)
+
+
+def prompt_parts(req) -> list[tuple[str, list[int] | torch.Tensor]]:
+    """The prompt's layout, one (vocabulary, ids) part after another; a reference clip is its features.
+
+    Both stage-0 backends read this: the built-in talker embeds each part with its own
+    table, the vLLM backend maps each part into one token-id space.
+    """
+    parts: list[tuple[str, list[int] | torch.Tensor]] = [
+        ("task", [tok.TASK_TYPES.index(req.task_type)]), ("language", [tok.LANGUAGES.index(req.language.lower())])]
+    if req.task_type == "CustomVoice":
+        parts.append(("voice", [tok.VOICES.index(req.voice.lower())]))
+    elif req.task_type == "VoiceDesign":
+        parts.append(("text", [tok.TEXT_INSTRUCT] + tok.encode(req.instructions)))
+    else:
+        parts.append(("reference", reference_features(req.ref_audio, req.ref_sample_rate)))
+        parts.append(("text", [tok.TEXT_REF] + tok.encode(req.ref_text)))
+    parts.append(("text", [tok.TEXT_BOS] + tok.encode(req.text) + [tok.TEXT_EOS]))
+    parts.append(("codec", [CODEC_BOS]))
+    return parts
 
 
 def reference_features(audio: np.ndarray, sample_rate: int) -> torch.Tensor:

