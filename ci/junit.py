@@ -8,7 +8,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from ci.matrix import cell_in, task_of
+from ci.matrix import Cell, cell_in, task_of
 
 DIAGNOSIS_RE = re.compile(r"\b(StageHandoffStall|StageStall|StageDied)\b[^\n]*|Timeout \(>[\d.]+s\) from pytest-timeout")
 
@@ -95,8 +95,9 @@ def matrix(cases: list[Case]) -> list[dict]:
             row["failed"] += 1
     out = []
     for (mode, cell, task), row in sorted(rows.items()):
-        r, graph, handoff = cell.split("-")
-        out.append({"mode": mode, "cell": cell, "runner": r, "cuda_graph": graph, "handoff": handoff,
+        c = Cell.from_id(cell)
+        out.append({"mode": mode, "cell": cell, "backend": c.backend, "runner": c.runner,
+                    "cuda_graph": "cuda_graph" if c.cuda_graph == "on" else "no_cuda_graph", "handoff": c.handoff,
                     "task": task, **row})
     return out
 
@@ -106,10 +107,10 @@ def render(rows: list[dict], fmt: str) -> str:
         return json.dumps(rows, indent=2)
     if not rows:
         return "No matrix tests in these JUnit files.\n"
-    lines = ["| mode | runner | graph | handoff | task | passed | failed | stalled | diagnosis |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| mode | backend | runner | graph | handoff | task | passed | failed | stalled | diagnosis |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         verdict = "; ".join(r["diagnoses"]).replace("|", "/")
-        lines.append(f"| {r['mode']} | {r['runner']} | {r['cuda_graph']} | {r['handoff']} | {r['task']} | "
+        lines.append(f"| {r['mode']} | {r['backend']} | {r['runner']} | {r['cuda_graph']} | {r['handoff']} | {r['task']} | "
                      f"{r['passed']} | {r['failed']} | {r['stalled']} | {verdict} |")
     return "\n".join(lines) + "\n"

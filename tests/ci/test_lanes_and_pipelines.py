@@ -214,6 +214,11 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?>
   <failure message="StageHandoffStall: stage 1 (code2wav) waited 5.0s">tb</failure></testcase>
 </testsuite></testsuites>
 """
+VLLM_SUITE = """<testsuite name="vllm" tests="2">
+<testcase classname="tests.e2e.offline.test_custom_voice" name="test_text_to_audio[vllm-v1-cuda_graph-async_chunk]" time="3.0"/>
+<testcase classname="tests.e2e.offline.test_custom_voice" name="test_text_to_audio[vllm-v2-cuda_graph-async_chunk]" time="0.0">
+  <skipped message="vLLM v2 on cpu: Model Runner V2 requires Triton."/></testcase>
+</testsuite>"""
 
 
 def test_repro_runs_exactly_the_failed_ids(tmp_path):
@@ -232,12 +237,15 @@ def test_repro_runs_exactly_the_failed_ids(tmp_path):
 
 def test_report(tmp_path):
     src = tmp_path / "junit.xml"
-    src.write_text(JUNIT)
+    src.write_text(JUNIT.replace("</testsuites>", VLLM_SUITE + "</testsuites>"))
     md = _cli("report", "--junit", str(src))
     assert md.returncode == 0
-    assert "| offline | v2 | no_cuda_graph | full_payload | CustomVoice | 0 | 0 | 1 | StageHandoffStall" in md.stdout
+    assert "| offline | torch | v2 | no_cuda_graph | full_payload | CustomVoice | 0 | 0 | 1 | StageHandoffStall" in md.stdout
+    assert "| offline | vllm | v1 | cuda_graph | async_chunk | CustomVoice | 1 | 0 | 0 |" in md.stdout
     rows = json.loads(_cli("report", "--junit", str(src), "--format", "json").stdout)
     assert rows[0]["stalled"] == 1 and rows[0]["cell"] == "v2-no_cuda_graph-full_payload"
+    assert [(r["cell"], r["skipped"]) for r in rows[1:]] == [("vllm-v1-cuda_graph-async_chunk", 0),
+                                                            ("vllm-v2-cuda_graph-async_chunk", 1)]
 
 
 @pytest.mark.parametrize("content,message", [
