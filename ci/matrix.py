@@ -10,7 +10,7 @@ import itertools
 import re
 from dataclasses import dataclass
 
-from engine.config import cell_id
+from engine.config import BACKENDS, cell_id
 
 RUNNERS = ("v1", "v2")
 CUDA_GRAPH = ("on", "off")
@@ -59,7 +59,8 @@ class Cell:
 
 
 TASK_NEEDLES = (("voice_design", "VoiceDesign"), ("voice_clone", "Base"), ("test_base", "Base"))
-CELL_RE = re.compile(r"\b(vllm-)?(v1|v2)-(cuda_graph|no_cuda_graph)-(async_chunk|full_payload)\b")
+CELL_RE = re.compile(rf"\b((?:{'|'.join(b for b in BACKENDS if b != 'torch')})-)?"
+                     r"(v1|v2)-(cuda_graph|no_cuda_graph)-(async_chunk|full_payload)\b")
 
 
 def task_of(test_id: str) -> str:

@@ -302,20 +302,18 @@ def pytest_runtest_makereport(item, call):
                 if cell:
                     lane.stalled_cells[cell] = incident.get("message", incident["kind"])
         outcome = lane.outcomes[key]
+        why = None
         if report.passed:
             outcome["passed"] += 1
-        elif report.skipped:
+        elif report.skipped:   # longrepr is (file, line, "Skipped: <reason>")
             outcome["skipped"] += 1
-            why = "skipped: " + (report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr))
-            why = why.replace("Skipped: ", "")
-            if why not in outcome["why"]:
-                outcome["why"].append(why)
+            why = "skipped: " + str(report.longrepr[2]).removeprefix("Skipped: ")
         elif report.failed:
             outcome["stalled" if incident else "failed"] += 1
             why = incident["kind"] + (f" at stage {incident['stage']}" if "stage" in incident else "") \
                 if incident else (report.longreprtext.strip().splitlines() or ["failed"])[-1][:120]
-            if why not in outcome["why"]:
-                outcome["why"].append(why)
+        if why and why not in outcome["why"]:
+            outcome["why"].append(why)
     return report
 
 

@@ -147,6 +147,7 @@ def decide(builds: list[Build], lane: Lane, repo: Path, min_red: int = 2, audit:
     d.evidence.append(f"culprit: {culprit[:12]} {subject!r} changed " +
                       ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in sorted(keys.items())))
     touched = git(repo, "diff-tree", "--no-commit-id", "--name-only", "-r", culprit).split()
+    branch = branch_name(lane, repo, culprit)
     if "<invalid>" in keys:
         d.reason = "the profile did not resolve on one side of the culprit; reporting only"
     elif any(not t.startswith(PROFILES + "/") for t in touched):
@@ -157,16 +158,19 @@ def decide(builds: list[Build], lane: Lane, repo: Path, min_red: int = 2, audit:
     elif f"{TRAILER}:" in message or subject.startswith(("Revert", "Roll back", "Rollback")) \
             or "This reverts commit" in message:
         d.reason = f"culprit {culprit[:12]} is itself a rollback or revert; never rolling back a rollback"
-    elif all(resolved_at(repo, "HEAD", lane).get(k) == a for k, (a, _) in keys.items()):
+    elif _all_restored(resolved_at(repo, "HEAD", lane), keys):
         d.reason = f"the default is already restored on main ({', '.join(f'{k}={a!r}' for k, (a, _) in keys.items())})"
-    elif git(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch_name(lane, repo, culprit)}",
-             check=False).strip():
-        d.reason = f"a rollback of {culprit[:12]} already exists on branch {branch_name(lane, repo, culprit)}"
+    elif git(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False).strip():
+        d.reason = f"a rollback of {culprit[:12]} already exists on branch {branch}"
     elif audit is not None and audit.recent_apply(lane.key):
         d.reason = f"lane {lane.key} already had a rollback in the last 24 h; at most one a day"
     else:
         d.act, d.reason = True, f"confirmed: {culprit[:12]} flipped {', '.join(sorted(keys))} of {lane.profile}"
     return d
+
+
+def _all_restored(head: dict, keys: dict[str, tuple]) -> bool:
+    return all(head.get(k) == before for k, (before, _) in keys.items())
 
 
 def branch_name(lane: Lane, repo: Path, commit: str) -> str:

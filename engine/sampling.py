@@ -25,6 +25,11 @@ class SamplingParams:
     seed: int
     target_frames: int | None = None   # synthetic weights: stop exactly here
 
+    @property
+    def stops(self) -> tuple[int, ...]:
+        """The tokens that end a request: the configured ones, else the codec's EOS."""
+        return tuple(self.stop_token_ids) or (CODEC_EOS,)
+
     @classmethod
     def for_request(cls, req, defaults, target_frames: int | None) -> "SamplingParams":
         pick = lambda name: getattr(req, name) if getattr(req, name) is not None else getattr(defaults, name)
@@ -79,7 +84,7 @@ class RequestSampler:
         """Codebook-0 logits after masks and penalty, or the stop token when the request must end now."""
         p = self.params
         step = len(self.history)
-        stops = list(p.stop_token_ids) or [CODEC_EOS]
+        stops = list(p.stops)
         if step >= p.max_tokens or (p.target_frames is not None and step >= p.target_frames):
             return stops[0]
         logits = logits.float().clone()
@@ -105,7 +110,7 @@ def sample_first(logits: torch.Tensor, samplers: list[RequestSampler]) -> list[i
         tokens = sample_rows(torch.stack([processed[b] for b in live]), [samplers[b] for b in live])
         for b, t in zip(live, tokens):
             out[b] = t
-    stops = set(samplers[0].params.stop_token_ids) if samplers else set()
+    stops = set(samplers[0].params.stops) if samplers else set()
     for b, t in enumerate(out):
         if t not in stops:
             samplers[b].history.append(t)

@@ -117,7 +117,7 @@ class Talker:
         hidden, logit = torch.cat(hiddens), torch.cat(logits)
         samplers = [s.sampler for s in rows]
         c0 = sample_first(logit, samplers)
-        stops = set(self.stage.default_sampling_params.stop_token_ids)
+        stops = set(samplers[0].params.stops)   # every request takes the stage's stop tokens
         live = [i for i, t in enumerate(c0) if t not in stops]
         if live:
             idx = torch.tensor(live, device=self.device)

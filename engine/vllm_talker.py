@@ -141,7 +141,7 @@ def vllm_sampling(p: SamplingParams):
     from vllm import SamplingParams as VllmSamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    stops = list(p.stop_token_ids) or [CODEC_EOS]
+    stops = list(p.stops)
     n = min(p.max_tokens, p.target_frames or p.max_tokens)
     return VllmSamplingParams(
         temperature=p.temperature, top_k=p.top_k if p.top_k > 0 else 0, top_p=p.top_p,
@@ -215,15 +215,15 @@ class VllmTalker(Talker):
             return
         by_id = {s.request_id: s for s in self.running}
         new: dict[str, list[int]] = {}
-        finished = []
-        stops = set(self.stage.default_sampling_params.stop_token_ids) or {CODEC_EOS}
+        finished: set[str] = set()
         for out in self.llm.step():
             seq = by_id.get(out.request_id)
             if seq is None:
                 continue
+            stops = seq.sampler.params.stops
             new.setdefault(seq.request_id, []).extend(t for t in out.outputs[0].token_ids if t not in stops)
             if out.finished:
-                finished.append(seq)
+                finished.add(seq.request_id)
         # Codebooks 1..15, a round per frame so that each request draws from its generator in frame order.
         while any(new.values()):
             rows = [by_id[rid] for rid, toks in new.items() if toks]
@@ -234,8 +234,7 @@ class VllmTalker(Talker):
             for k, seq in enumerate(rows):
                 seq.frames.append(codes[k])
         for rid in new:
-            seq = by_id[rid]
-            done = seq in finished
+            seq, done = by_id[rid], rid in finished
             self._hand_off(seq, done)
             if done:
                 self._finish(seq)

@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -32,15 +34,15 @@ def reference_runs(requests, backend="torch", profile_name="qwen3_tts"):
     profile = resolve(profile_name, platform="cpu",
                       overrides=["model_runner=v1", "stages.0.enforce_eager=true", f"backend={backend}"])
     codec = build_models(parts=("codec",)).codec
-    talker = make_talker(profile, _Inbox(), _Inbox())
+    out = _Inbox()
+    talker = make_talker(profile, _Inbox(), out)
     try:
         runs = []
         for request in requests:
-            talker.out_q = out = _Inbox()
             talker.add(request)
             while talker.busy:
                 talker.step()
-            (_, _, codes, _, _), = [m for m in out if m[0] == "codes"]
+            (_, _, codes, _, _), = [m for m in out if m[0] == "codes" and m[1] == request.request_id]
             runs.append((codes, codec(torch.as_tensor(codes)[None])[0].numpy()))
         return runs
     finally:
@@ -62,8 +64,6 @@ def greedy_reference(ref_audio, pytestconfig):
 
 def assert_matches_reference(engine, greedy_reference, task: str, request_id: str):
     """The cell's greedy codes equal the reference's; its audio is within 1e-3 of a whole-payload decode."""
-    import dataclasses
-
     req, codes, audio = greedy_reference[task]
     (result,) = engine.generate([dataclasses.replace(req, request_id=request_id)])
     assert result.ok and len(result.audio) > 0, result.error
