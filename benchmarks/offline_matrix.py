@@ -23,7 +23,7 @@ from engine.vllm_talker import unsupported
 
 def cell_profile(cell, args):
     overrides = cell.overrides + [f"model.preset={args.preset}", f"model.dtype={args.dtype}",
-                                  f"stages.0.max_num_seqs={args.batch}", f"stages.1.max_num_seqs={args.batch}"]
+                                  f"stages.0.max_num_seqs={args.batch}"]
     return resolve("qwen3_tts", platform=args.platform, overrides=overrides + args.overrides)
 
 

@@ -60,8 +60,9 @@ def cmd_profile_show(args) -> int:
 
 def cmd_profile_check(args) -> int:
     from engine.config import PROFILES_DIR
+    from engine.pins import profile_names
 
-    paths = args.paths or sorted(str(p) for p in PROFILES_DIR.glob("*.yaml") if p.stem != "pins")
+    paths = args.paths or [str(PROFILES_DIR / f"{name}.yaml") for name in profile_names(PROFILES_DIR)]
     bad = 0
     for path in paths:
         errors = check_file(path)
@@ -71,6 +72,23 @@ def cmd_profile_check(args) -> int:
         if not errors:
             print(f"ok  {path}")
     return 2 if bad else 0
+
+
+def cmd_profile_pin(args) -> int:
+    from engine import pins
+
+    if args.check:
+        drift = pins.drift(args.profiles_dir)
+        if drift:
+            print("\n".join(drift))
+            print(f"lanekeeper: the pins differ from the profiles; run `{pins.COMMAND}` and commit the result",
+                  file=sys.stderr)
+            return 1
+        print(f"ok  {args.profiles_dir}/{pins.PINS_FILE} matches every profile on every platform")
+        return 0
+    changed = pins.write(args.profiles_dir, args.names or None)
+    print(f"pinned {', '.join(changed)}" if changed else "pins already current")
+    return 0
 
 
 def _port(text: str) -> int:
@@ -111,6 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
     check = psub.add_parser("check", help="validate profiles on every platform")
     check.add_argument("paths", nargs="*", help="profile files (default: every profile)")
     check.set_defaults(func=cmd_profile_check)
+    from engine.config import PROFILES_DIR
+
+    pin = psub.add_parser("pin", help="regenerate profiles/pins.yaml from the profiles")
+    pin.add_argument("names", nargs="*", help="only these profiles (default: every profile)")
+    pin.add_argument("--check", action="store_true", help="change nothing; print the drift as a diff, exit 1 on drift")
+    pin.add_argument("--profiles-dir", default=str(PROFILES_DIR), help="default: %(default)s")
+    pin.set_defaults(func=cmd_profile_pin)
 
     from ci import synth
 

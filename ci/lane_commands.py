@@ -81,12 +81,29 @@ def cmd_repro(args) -> int:
     return run_lane.run(adhoc, artifacts, args.platform, args.dry_run)
 
 
+def _open_pr_for(slug: str):
+    """The open pull request whose head is a branch of `slug`, or None."""
+    owner = slug.split("/")[0]
+    root = ci_api._root("github")
+
+    def find(branch: str) -> dict | None:
+        from urllib.parse import quote
+
+        pulls = ci_api.get_json("github", f"{root}/repos/{slug}/pulls?state=open&head={quote(f'{owner}:{branch}')}")
+        return pulls[0] if isinstance(pulls, list) and pulls else None
+
+    return find
+
+
 def cmd_rollback(args) -> int:
     from ci import history, rollback
 
     lane = lanes.find(args.lane, lanes.load(args.lanes_file))
     repo = Path(args.repo).resolve()
     rollback.check_repo(repo)
+    slug = args.github or os.environ.get("GITHUB_REPOSITORY")
+    if args.open_pr and not slug:
+        raise history.HistoryError("--open-pr needs --github OWNER/REPO or GITHUB_REPOSITORY")
     if args.history:
         builds = history.load_file(args.history)
     elif args.buildkite:
@@ -95,45 +112,77 @@ def cmd_rollback(args) -> int:
         if not args.workflow:
             raise history.HistoryError("--github needs --workflow NAME (the workflow file, e.g. lanes.yml)")
         builds = history.from_github(args.github, args.workflow)
+    keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys else None
     audit = rollback.Audit.for_repo(repo)
-    decision = rollback.decide(builds, lane, repo, args.min_red, audit)
-    print(f"lanekeeper rollback: lane {lane.key} ({lane.label})")
+    decision = rollback.decide(builds, lane, repo, args.min_red, audit, keys=keys, remote=args.push,
+                               pr_for=_open_pr_for(slug) if args.open_pr else None)
+    print(f"lanekeeper rollback: lane {lane.key} ({lane.label}), profile {lane.profile}")
     for line in decision.evidence:
         print(f"  {line}")
     record = {"lane": lane.key, "culprit": decision.culprit, "keys": decision.keys, "reason": decision.reason,
-              "builds": [b.number for b in decision.reds]}
+              "builds": [b.number for b in decision.reds], "branch": decision.branch}
     if not decision.act:
         audit.append({**record, "action": "none"})
         print(f"no action: {decision.reason}")
         return 0
+    if decision.others:
+        print(f"  {rollback.REVIEW.lower()} {', '.join(decision.others)}")
     if not args.apply:
         audit.append({**record, "action": "dry_run"})
-        print(f"would roll back ({decision.reason}); dry run: pass --apply to create the branch")
+        what = "roll back" if decision.action == "rollback" else f"add this lane's evidence to {decision.branch}"
+        print(f"would {what} ({decision.reason}); dry run: pass --apply to do it")
+        return 0
+    if decision.action == "evidence":
+        sha = rollback.add_evidence(decision, lane, repo)
+        audit.append({**record, "action": "evidence", "commit": sha})
+        print(f"evidence added: {decision.reason}" + (f"; commit {sha[:12]}" if sha else ""))
+        _publish(args, repo, lane, decision, slug, rollback.evidence_message(decision, lane, repo))
         return 0
     try:
         branch, sha, restored, note = rollback.apply(decision, lane, repo, args.verify)
     except rollback.VerifyFailed as e:
-        audit.append({**record, "action": "verify_failed", "detail": str(e)[:2000]})
+        audit.append({**record, "action": "verify_failed", "detail": str(e)[:4000]})
         print(f"rollback not made: {e}")
         return 1
-    audit.append({**record, "action": "applied", "branch": branch, "commit": sha, "restored": restored,
-                  "verify": note})
+    audit.append({**record, "action": "applied", "commit": sha, "restored": restored, "verify": note})
     print(f"rolled back: branch {branch}, commit {sha[:12]} ({decision.reason})")
     for line in restored:
         print(f"  restored {line}")
     print(f"  {note}")
-    if args.push:
-        rollback.git(repo, "push", args.push, f"{branch}:{branch}")
-        print(f"  pushed {branch} to {args.push}")
-    if args.open_pr:
-        slug = args.github or os.environ.get("GITHUB_REPOSITORY")
-        if not slug:
-            raise history.HistoryError("--open-pr needs --github OWNER/REPO or GITHUB_REPOSITORY")
-        message = rollback.git(repo, "log", "-1", "--format=%B", sha)
-        pr = json.loads(ci_api.get("github", f"{ci_api._root('github')}/repos/{slug}/pulls", data={
-            "title": message.splitlines()[0], "head": branch, "base": "main", "body": message}))
-        print(f"  opened {pr.get('html_url', 'a pull request')}")
+    _publish(args, repo, lane, decision, slug, rollback.git(repo, "log", "-1", "--format=%B", sha))
     return 0
+
+
+def _publish(args, repo: Path, lane, decision, slug: str | None, message: str) -> None:
+    """Push the branch and open its pull request, or comment on the one already open."""
+    from ci import rollback
+
+    if args.push and rollback.git(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{decision.branch}",
+                                  check=False).strip():
+        try:
+            rollback.git(repo, "push", "-q", args.push, f"{decision.branch}:{decision.branch}")
+        except rollback.RollbackError:
+            # Another lane's job pushed a rollback of the same culprit first: ours becomes evidence on theirs.
+            existing = rollback.remote_ref(repo, decision.branch, args.push) if decision.action == "rollback" else None
+            if not existing:
+                raise
+            decision.action, decision.existing = "evidence", existing
+            sha = rollback.add_evidence(decision, lane, repo)
+            message = rollback.evidence_message(decision, lane, repo)
+            decision.pr = _open_pr_for(slug)(decision.branch) if args.open_pr else None
+            rollback.git(repo, "push", "-q", args.push, f"{decision.branch}:{decision.branch}")
+            print(f"  {decision.branch} was pushed by another lane meanwhile: evidence {sha[:12]} added to it instead")
+        print(f"  pushed {decision.branch} to {args.push}")
+    if not args.open_pr:
+        return
+    root = ci_api._root("github")
+    if decision.pr:
+        ci_api.get("github", f"{root}/repos/{slug}/issues/{decision.pr['number']}/comments", data={"body": message})
+        print(f"  commented on {decision.pr.get('html_url', 'the open pull request')}")
+        return
+    pr = json.loads(ci_api.get("github", f"{root}/repos/{slug}/pulls", data={
+        "title": message.splitlines()[0], "head": decision.branch, "base": "main", "body": message}))
+    print(f"  opened {pr.get('html_url', 'a pull request')}")
 
 
 def cmd_history_add(args) -> int:
@@ -154,6 +203,18 @@ def cmd_history_add(args) -> int:
     history.dump_file(builds, path)
     print(f"recorded build #{number} at {args.commit[:12]}: {lane.key} {'red' if red else 'green'}")
     return 0
+
+
+def _at_least_one(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def add_parsers(sub) -> None:
@@ -196,9 +257,13 @@ def add_parsers(sub) -> None:
     p.add_argument("--repo", default=".", help="git repository (default: .)")
     p.add_argument("--apply", action="store_true", help="create the rollback branch and commit (default: dry run)")
     p.add_argument("--verify", choices=("config", "lane", "none"), default="config")
-    p.add_argument("--min-red", type=int, default=2, help="red builds on distinct commits needed (default: 2)")
-    p.add_argument("--push", metavar="REMOTE")
-    p.add_argument("--open-pr", action="store_true")
+    p.add_argument("--min-red", type=_at_least_one, default=2,
+                   help="red builds on distinct commits needed (default: 2)")
+    p.add_argument("--keys", metavar="KEY[,KEY...]",
+                   help="restore only these of the keys the culprit changed (default: all of them)")
+    p.add_argument("--push", metavar="REMOTE", help="push the branch there (its branches count as existing rollbacks)")
+    p.add_argument("--open-pr", action="store_true",
+                   help="open a pull request, or comment on the rollback's open one (GitHub)")
     lanes_file(p)
     p.set_defaults(func=cmd_rollback)
 

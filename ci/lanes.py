@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from ruamel.yaml import YAML
-from ruamel.yaml.error import YAMLError
 
-from engine.config import Backend, line_of, plain
+from engine.config import Backend
+from engine.profile_doc import ProfileDoc, ProfileError, format_error, plain
 
 LANES_FILE = Path(__file__).resolve().parent / "lanes.yaml"
 ROOT = LANES_FILE.parent.parent
@@ -47,7 +46,7 @@ class Lane(BaseModel):
     timeout: float = Field(gt=0)
     budget: float = Field(gt=0)
     env: dict[str, str] = Field(default_factory=dict)
-    profile: str = "qwen3_tts"     # the deploy profile whose defaults this lane exercises
+    profile: str = "qwen3_tts"     # the deploy profile its engines and servers run (pytest --profile)
     backend: Backend = "torch"     # the stage-0 backend its matrix runs on
     source_file_dependencies: list[str] = Field(default_factory=list)
 
@@ -72,7 +71,7 @@ class Lane(BaseModel):
             args += ["-k", self.keyword]
         args += ["--timeout", f"{self.timeout:g}", "--lane-budget", f"{self.budget:g}",
                  "--junitxml", os.path.join(artifacts, "junit.xml"), "--report-dir", artifacts,
-                 "-o", f"junit_suite_name={self.key}", "-p", "no:cacheprovider"]
+                 "-o", f"junit_suite_name={self.key}", "-p", "no:cacheprovider", "--profile", self.profile]
         if platform or self.platform:
             args += ["--platform", platform or self.platform]
         if self.backend != "torch":
@@ -121,22 +120,13 @@ class LanesFile(BaseModel):
 def load(path: str | os.PathLike = LANES_FILE) -> list[Lane]:
     path = Path(path)
     try:
-        doc = YAML(typ="rt").load(path.read_text())
-    except FileNotFoundError:
-        raise LaneError(f"{path}: lanes file not found") from None
-    except YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise LaneError(f"{path}:{mark.line + 1 if mark else '?'}: YAML syntax error: "
-                        f"{getattr(e, 'problem', e)}") from None
+        doc = ProfileDoc.load(path)
+    except ProfileError as e:
+        raise LaneError(f"lanes file {e}" if e.message == "file not found" else str(e)) from None
     try:
-        return LanesFile.model_validate(plain(doc)).lanes
+        return LanesFile.model_validate(plain(doc.data)).lanes
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = err["loc"]
-        line = line_of(doc, loc)
-        where = ".".join(str(p) for p in loc)
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-        raise LaneError(f"{path}:{line or '?'}: {where}: {msg}") from None
+        raise LaneError(format_error(e, doc.data, path)) from None
 
 
 def find(name: str, lanes: list[Lane] | None = None) -> Lane:

@@ -2,6 +2,8 @@
 
 Options
   --platform / --runner / --cuda-graph / --handoff   narrow the runner x graph x handoff matrix
+  --profile NAME|PATH    the deploy profile every engine and server of the run resolves (a lane's
+                         `profile:`); matrix cells override only their own axes on top of it
   --backend torch|vllm   the stage-0 backend the matrix runs on; cells a backend cannot run here
                          are skipped with the backend's own reason
   --report-dir DIR       where stall-report.{json,md} and matrix-summary.md go
@@ -49,6 +51,8 @@ DEFAULT_TIMEOUT = 600.0
 def pytest_addoption(parser):
     group = parser.getgroup("lanekeeper")
     group.addoption("--platform", default=None, help="platform to resolve profiles for (default: detected)")
+    group.addoption("--profile", default="qwen3_tts",
+                    help="deploy profile (name or path) the engines and servers run (default: %(default)s)")
     group.addoption("--backend", choices=BACKENDS, default="torch",
                     help="stage-0 backend the matrix runs on (default: torch, the built-in talker)")
     group.addoption("--runner", choices=RUNNERS, action="append", help="only these model runners")
@@ -77,7 +81,7 @@ def unsupported_cells(config, chosen) -> dict[str, str]:
         platform = config.getoption("platform") or detect_platform()
         lane.unsupported = {}
         for cell in chosen:
-            reason = unsupported(resolve("qwen3_tts", platform=platform, overrides=cell.overrides))
+            reason = unsupported(resolve(config.getoption("profile"), platform=platform, overrides=cell.overrides))
             if reason:
                 lane.unsupported[cell.id] = reason
     return lane.unsupported
@@ -97,6 +101,12 @@ def platform(pytestconfig) -> str:
     from engine.config import detect_platform
 
     return pytestconfig.getoption("platform") or detect_platform()
+
+
+@pytest.fixture(scope="session")
+def profile_name(pytestconfig) -> str:
+    """The deploy profile under test: a lane's `profile:` arrives here as --profile."""
+    return pytestconfig.getoption("profile")
 
 
 # ------------------------------------------------------------------ session state
@@ -131,6 +141,12 @@ def pytest_configure(config):
     # close their engines and the JUnit file is still written.
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
+    from engine.config import ProfileError, find_profile
+
+    try:
+        find_profile(config.getoption("profile"))
+    except ProfileError as e:
+        raise pytest.UsageError(f"--profile: {e}") from None
     lane = Lane(config)
     config.stash[LANE] = lane
     # Engine stages (here and in servers started from here) write faulthandler dumps to this directory.

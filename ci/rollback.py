@@ -1,14 +1,24 @@
 """`lanekeeper rollback`: roll a profile default back when a merge-only lane turned red.
 
 It acts only on a confirmed red that one commit explains: a red streak on at least
-`min_red` distinct commits after the last green, still red now, with no flaky commit
-(a pass and a fail on the same commit), and exactly one commit in (last green, first
-red] that changed a value the lane's profile resolves to, touching nothing but
-profiles/.  The rollback restores only those keys, in the profile and in
-profiles/pins.yaml (comments kept: ruamel round trip), on a new branch, in a separate
-worktree so the caller's checkout is never touched; opt-in profiles stay as they are.
+`min_red` distinct commits after the last green, still red now, with no flaky commit (a
+pass and a fail on the same commit), and exactly one commit in (last green, first red]
+that changed a value the lane's profile resolves to.  Infrastructure results (a lost
+agent, a cancelled job) are set aside: they neither count as red nor break a streak.
 
-Every decision, acting or not, is appended to an audit log (JSON lines).
+What a rollback changes, on a branch `rollback/<culprit>` made in a separate worktree
+(the caller's checkout is never touched):
+- in the files the lane's profile resolves from (its `base_config` chain), each key whose
+  resolved default the culprit changed goes back to the culprit's parent value (all of
+  them, or those `--keys` names), by path, with every comment kept;
+- profiles/pins.yaml is regenerated for every profile whose resolved values that changes,
+  opt-in profiles that inherit the key included;
+- nothing else: the culprit's docs, tests and other profiles' explicit values stay, and the
+  commit message and pull request list them for review.
+
+One culprit gets one rollback whatever the lanes: a second red lane adds its evidence to
+the existing branch (local, on the remote, or an open pull request's) instead of making
+another.  Every decision, acting or not, is appended to an audit log (JSON lines).
 """
 from __future__ import annotations
 
@@ -22,30 +32,44 @@ import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from ruamel.yaml import YAML
+from typing import Callable
 
 from ci.history import Build
 from ci.lanes import Lane
+from engine.profile_doc import MISSING, ProfileDoc, diff, platform_key
 
 PROFILES = "profiles"
 PINS = "profiles/pins.yaml"
 TRAILER = "Rollback-Of"
+EVIDENCE = "Rollback-Evidence"       # trailer naming the lane whose red a commit records
+REVIEW = "Also changed by the culprit, not restored; review:"
 
 
 class RollbackError(Exception):
-    """Bad input or state: a missing repository, a dirty work tree."""
+    """Bad input or state: a missing repository or commit, a dirty work tree."""
+
+
+class VerifyFailed(Exception):
+    pass
 
 
 @dataclass
 class Decision:
-    act: bool
+    action: str                     # none | rollback | evidence (add this lane's red to an existing rollback)
     reason: str
     evidence: list[str] = field(default_factory=list)
     culprit: str | None = None
     keys: dict[str, tuple] = field(default_factory=dict)   # resolved key -> (parent value, culprit value)
     last_green: Build | None = None
     reds: list[Build] = field(default_factory=list)
+    others: list[str] = field(default_factory=list)        # the culprit's files a rollback leaves as they are
+    branch: str | None = None
+    existing: str | None = None     # the ref that holds the existing rollback of this culprit, if any
+    pr: dict | None = None          # its open pull request, if any
+
+    @property
+    def act(self) -> bool:
+        return self.action != "none"
 
 
 # ------------------------------------------------------------------ git
@@ -67,6 +91,17 @@ def check_repo(repo: Path) -> None:
         raise RollbackError(f"the work tree of {repo} has uncommitted changes; commit or stash them first:\n{dirty}")
 
 
+def _check_commits(repo: Path, builds: list[Build]) -> None:
+    """Every commit the decision reads must be in the repository, or the answer would be a guess."""
+    shallow = git(repo, "rev-parse", "--is-shallow-repository", check=False).strip() == "true"
+    for b in builds:
+        if subprocess.run(["git", "cat-file", "-e", f"{b.commit}^{{commit}}"], cwd=repo,
+                          capture_output=True).returncode != 0:
+            hint = ("--repo is a shallow clone: run git fetch --unshallow" if shallow else
+                    "a shallow clone? try git fetch --unshallow, or git fetch the branch the build ran")
+            raise RollbackError(f"build #{b.number}'s commit {b.commit[:12]} is not in --repo {repo}; {hint}")
+
+
 def resolved_at(repo: Path, commit: str, lane: Lane) -> dict:
     """The lane's profile, resolved at a commit (profiles/ as that commit had it)."""
     from engine.config import ProfileError, resolve
@@ -86,11 +121,57 @@ def resolved_at(repo: Path, commit: str, lane: Lane) -> dict:
             return {"<invalid>": str(e)}
 
 
+def chain_files(root: Path, profile: str) -> list[str]:
+    """The lane profile's base_config chain under `root`, as repository paths, base first."""
+    from engine.config import ProfileError, layer_files
+
+    path = root / PROFILES / f"{profile}.yaml"
+    try:
+        return [str(p.relative_to(root.resolve())) for p in layer_files(path)] if path.exists() else []
+    except ProfileError:
+        return [f"{PROFILES}/{profile}.yaml"]
+
+
+def branch_name(repo: Path, commit: str) -> str:
+    """One branch per culprit, whichever lane finds it first."""
+    return f"rollback/{git(repo, 'rev-parse', '--short=10', commit).strip()}"
+
+
+def _recorded(repo: Path, ref: str, culprit: str, lane: Lane) -> bool:
+    """Whether a commit on `ref` already records this lane's red for this culprit."""
+    messages = git(repo, "log", "--format=%B%x00", ref, check=False).split("\0")
+    return any(f"{TRAILER}: {culprit}" in m and f"{EVIDENCE}: {lane.key}" in m for m in messages)
+
+
+def remote_ref(repo: Path, branch: str, remote: str | None) -> str | None:
+    """The remote's copy of a branch, fetched, or None when the remote has no such branch."""
+    if remote and git(repo, "ls-remote", "--heads", remote, f"refs/heads/{branch}").strip():
+        ref = f"refs/remotes/{remote}/{branch}"
+        git(repo, "fetch", "-q", remote, f"+refs/heads/{branch}:{ref}")
+        return ref
+    return None
+
+
+def existing_ref(repo: Path, branch: str, remote: str | None) -> str | None:
+    """The ref holding an existing rollback branch: local, else the remote's."""
+    if git(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False).strip():
+        return f"refs/heads/{branch}"
+    return remote_ref(repo, branch, remote)
+
+
 # ------------------------------------------------------------------ decision
 
-def decide(builds: list[Build], lane: Lane, repo: Path, min_red: int = 2, audit: "Audit | None" = None) -> Decision:
+def _infra_note(infra: list[Build]) -> str:
+    return (f"{len(infra)} build(s) set aside as infrastructure (lost agent / cancelled): "
+            f"{', '.join(f'#{b.number}' for b in infra)}")
+
+
+def decide(builds: list[Build], lane: Lane, repo: Path, min_red: int = 2, audit: "Audit | None" = None,
+           keys: list[str] | None = None, remote: str | None = None,
+           pr_for: Callable[[str], dict | None] | None = None) -> Decision:
     main = sorted((b for b in builds if b.branch == "main"), key=lambda b: b.number)
     seq = []   # (build, verdict) with infrastructure failures and no-verdicts dropped
+    infra: list[Build] = []
     by_commit: dict[str, set] = {}
     for b in main:
         verdicts = [r.verdict for r in b.results(lane)]
@@ -99,27 +180,39 @@ def decide(builds: list[Build], lane: Lane, repo: Path, min_red: int = 2, audit:
             by_commit.setdefault(b.commit, set()).add(v)
         if real:
             seq.append((b, "red" if real[-1] == "red" else "green"))
+        elif "infra" in verdicts:
+            infra.append(b)
     if not seq:
-        return Decision(False, f"no results for lane {lane.key} on main")
+        if infra:
+            return Decision("none", f"{_infra_note(infra)}, and no other result; nothing red to act on")
+        return Decision("none", f"no results for lane {lane.key} on main")
     flaky = [c for c, vs in by_commit.items() if vs == {"green", "red"}]
     if flaky:
-        return Decision(False, f"flaky: commit {flaky[0][:12]} has both a pass and a fail for {lane.key}; not acting")
+        return Decision("none", f"flaky: commit {flaky[0][:12]} has both a pass and a fail for {lane.key}; not acting")
     newest, verdict = seq[-1]
     if verdict == "green":
-        return Decision(False, f"lane {lane.key} is green again at build #{newest.number}; nothing to do")
+        later = [b for b in infra if b.number > newest.number]
+        if later:
+            return Decision("none", f"{_infra_note(later)}; the last real result, build #{newest.number}, is green; "
+                                    "nothing red to act on")
+        return Decision("none", f"lane {lane.key} is green again at build #{newest.number}; nothing to do")
     greens = [i for i, (_, v) in enumerate(seq) if v == "green"]
     if not greens:
-        return Decision(False, f"lane {lane.key} has no green build to compare with")
+        return Decision("none", f"lane {lane.key} has no green build to compare with")
     last_green = seq[greens[-1]][0]
     reds = [b for b, _ in seq[greens[-1] + 1:]]
     red_commits = list(dict.fromkeys(b.commit for b in reds))
-    d = Decision(False, "", last_green=last_green, reds=reds)
+    d = Decision("none", "", last_green=last_green, reds=reds)
     d.evidence = [f"last green: build #{last_green.number} at {last_green.commit[:12]} {last_green.url}".rstrip()]
     d.evidence += [f"red: build #{b.number} at {b.commit[:12]} {b.url}".rstrip() for b in reds]
+    aside = [b for b in infra if b.number > last_green.number]
+    if aside:
+        d.evidence.append(_infra_note(aside))
     if len(red_commits) < min_red:
         d.reason = (f"only {len(red_commits)} red build(s) on distinct commits after the last green "
                     f"(need {min_red}); not confirmed")
         return d
+    _check_commits(repo, [last_green, *reds])
     first_red = reds[0]
     commits = git(repo, "rev-list", "--reverse", f"{last_green.commit}..{first_red.commit}").split()
     if not commits:
@@ -127,8 +220,7 @@ def decide(builds: list[Build], lane: Lane, repo: Path, min_red: int = 2, audit:
         return d
     candidates = []
     for c in commits:
-        before, after = resolved_at(repo, f"{c}^", lane), resolved_at(repo, c, lane)
-        changed = {k: (before.get(k), after.get(k)) for k in set(before) | set(after) if before.get(k) != after.get(k)}
+        changed = diff(resolved_at(repo, f"{c}^", lane), resolved_at(repo, c, lane))
         if changed:
             candidates.append((c, changed))
     d.evidence.append(f"commits in (last green, first red]: {', '.join(c[:12] for c in commits)}")
@@ -140,101 +232,81 @@ def decide(builds: list[Build], lane: Lane, repo: Path, min_red: int = 2, audit:
         d.reason = f"{len(candidates)} candidate commits changed {lane.profile}: " \
                    f"{', '.join(c[:12] for c, _ in candidates)}; reporting only"
         return d
-    culprit, keys = candidates[0]
-    d.culprit, d.keys = culprit, keys
+    culprit, changed = candidates[0]
+    d.culprit = culprit
     message = git(repo, "log", "-1", "--format=%B", culprit)
     subject = message.splitlines()[0] if message else ""
     d.evidence.append(f"culprit: {culprit[:12]} {subject!r} changed " +
-                      ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in sorted(keys.items())))
-    touched = git(repo, "diff-tree", "--no-commit-id", "--name-only", "-r", culprit).split()
-    branch = branch_name(lane, repo, culprit)
-    if "<invalid>" in keys:
+                      ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in sorted(changed.items())))
+    unknown = sorted(set(keys or ()) - set(changed))
+    if unknown:
+        d.reason = (f"--keys {', '.join(unknown)}: not a default the culprit changed "
+                    f"(it changed {', '.join(sorted(changed))}); not acting")
+        return d
+    d.keys = {k: v for k, v in changed.items() if not keys or k in keys}
+    touched = git(repo, "diff-tree", "--no-commit-id", "--name-only", "-r", "--no-renames", culprit).split()
+    kept = set(chain_files(repo, lane.profile)) | {PINS}
+    d.others = [t for t in touched if t not in kept]
+    d.branch = branch_name(repo, culprit)
+    if "<invalid>" in d.keys:
         d.reason = "the profile did not resolve on one side of the culprit; reporting only"
-    elif any(not t.startswith(PROFILES + "/") for t in touched):
-        d.reason = f"culprit {culprit[:12]} also changed {', '.join(t for t in touched if not t.startswith(PROFILES))}; " \
-                   "not a pure default flip, reporting only"
-    elif "NOAUTOREVERT" in message:
+        return d
+    if "NOAUTOREVERT" in message:
         d.reason = f"culprit {culprit[:12]} says NOAUTOREVERT; not acting"
-    elif f"{TRAILER}:" in message or subject.startswith(("Revert", "Roll back", "Rollback")) \
+        return d
+    if f"{TRAILER}:" in message or subject.startswith(("Revert", "Roll back", "Rollback")) \
             or "This reverts commit" in message:
         d.reason = f"culprit {culprit[:12]} is itself a rollback or revert; never rolling back a rollback"
-    elif _all_restored(resolved_at(repo, "HEAD", lane), keys):
-        d.reason = f"the default is already restored on main ({', '.join(f'{k}={a!r}' for k, (a, _) in keys.items())})"
-    elif git(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False).strip():
-        d.reason = f"a rollback of {culprit[:12]} already exists on branch {branch}"
-    elif audit is not None and audit.recent_apply(lane.key):
+        return d
+    head = resolved_at(repo, "HEAD", lane)
+    if all(head.get(k, MISSING) == before for k, (before, _) in d.keys.items()):
+        d.reason = f"the default is already restored on main ({', '.join(f'{k}={a!r}' for k, (a, _) in d.keys.items())})"
+        return d
+    d.existing = existing_ref(repo, d.branch, remote)
+    d.pr = pr_for(d.branch) if pr_for else None
+    if d.existing or d.pr:
+        where = f"branch {d.branch}" + (f" (pull request {d.pr.get('html_url')})" if d.pr else "")
+        if d.existing and _recorded(repo, d.existing, culprit, lane):
+            d.reason = f"a rollback of {culprit[:12]} already exists on {where} and records lane {lane.key}'s red"
+        else:
+            d.action = "evidence"
+            d.reason = f"a rollback of {culprit[:12]} already exists on {where}; adding lane {lane.key}'s red to it"
+        return d
+    if audit is not None and audit.recent_apply(lane.key):
         d.reason = f"lane {lane.key} already had a rollback in the last 24 h; at most one a day"
-    else:
-        d.act, d.reason = True, f"confirmed: {culprit[:12]} flipped {', '.join(sorted(keys))} of {lane.profile}"
+        return d
+    d.action, d.reason = "rollback", f"confirmed: {culprit[:12]} flipped {', '.join(sorted(d.keys))} of {lane.profile}"
     return d
 
 
-def _all_restored(head: dict, keys: dict[str, tuple]) -> bool:
-    return all(head.get(k) == before for k, (before, _) in keys.items())
+# ------------------------------------------------------------------ edits
 
-
-def branch_name(lane: Lane, repo: Path, commit: str) -> str:
-    return f"rollback/{lane.key}/{git(repo, 'rev-parse', '--short=10', commit).strip()}"
-
-
-# ------------------------------------------------------------------ YAML edits
-
-def _yaml() -> YAML:
-    y = YAML(typ="rt")
-    y.indent(mapping=2, sequence=4, offset=2)
-    y.preserve_quotes = True
-    y.width = 4096
-    return y
-
-
-def _leaves(node, prefix=()) -> dict[tuple, object]:
-    out = {}
-    if isinstance(node, dict):
-        for k, v in node.items():
-            if k == "stages" and isinstance(v, list):
-                for item in v:
-                    out.update(_leaves({kk: vv for kk, vv in item.items() if kk != "stage_id"},
-                                       prefix + ("stages", item.get("stage_id"))))
-            elif isinstance(v, dict) and v:
-                out.update(_leaves(v, prefix + (k,)))
-            else:
-                out[prefix + (k,)] = v
-    return out
-
-
-def _set(doc, path: tuple, value, delete: bool) -> None:
-    node = doc
-    for i, part in enumerate(path[:-1]):
-        if part == "stages" and i + 1 < len(path) and isinstance(node.get("stages"), list):
-            node = next(item for item in node["stages"] if item.get("stage_id") == path[i + 1])
-            continue
-        if i > 0 and path[i - 1] == "stages":
-            continue
-        node = node.setdefault(part, {})
-    if delete:
-        node.pop(path[-1], None)
-    else:
-        node[path[-1]] = value
-
-
-def restore(repo: Path, worktree: Path, culprit: str, file: str, wanted) -> list[str]:
-    """Set every leaf of `file` that the culprit changed and `wanted(path)` accepts back to its parent value."""
-    y = _yaml()
+def restore(repo: Path, worktree: Path, culprit: str, file: str, keys: set[str]) -> list[str]:
+    """Set each path of `file` that the culprit changed, and that sets one of `keys`, back to its parent value."""
     show = lambda rev: git(repo, "show", f"{rev}:{file}", check=False)
-    before, after = _leaves(y.load(show(f"{culprit}^") or "{}") or {}), _leaves(y.load(show(culprit) or "{}") or {})
+    before = ProfileDoc.load(file, show(f"{culprit}^") or "{}").flat()
+    after = ProfileDoc.load(file, show(culprit) or "{}").flat()
     target = worktree / file
-    doc = y.load(target.read_text())
+    doc = ProfileDoc.load(target)
     done = []
-    for path in sorted(set(before) | set(after), key=str):
-        if before.get(path) == after.get(path) or not wanted(path):
+    for path, (old, new) in diff(before, after).items():
+        if platform_key(path) not in keys:
             continue
-        _set(doc, path, before.get(path), delete=path not in before)
-        done.append(f"{file}: {'.'.join(map(str, path))}: {after.get(path)!r} -> {before.get(path)!r}")
+        if old is MISSING:
+            doc.delete(path)
+        else:
+            doc.set(path, old)
+        done.append(f"{file}: {path}: {new!r} -> {old!r}")
     if done:
-        buf = io.StringIO()
-        y.dump(doc, buf)
-        target.write_text(buf.getvalue())
+        doc.save()
     return done
+
+
+def _identity(repo: Path) -> dict:
+    if git(repo, "config", "user.name", check=False).strip() and git(repo, "config", "user.email", check=False).strip():
+        return {}
+    return {f"GIT_{who}_{what}": value for who in ("AUTHOR", "COMMITTER")
+            for what, value in (("NAME", "lanekeeper"), ("EMAIL", "lanekeeper@localhost"))}
 
 
 # ------------------------------------------------------------------ audit
@@ -267,63 +339,110 @@ class Audit:
 
 # ------------------------------------------------------------------ apply
 
-VERIFY = {"config": [sys.executable, "-m", "pytest", "tests/config", "-q", "-p", "no:cacheprovider"]}
+def verify_failure(worktree: Path, junit_file: Path, output: str) -> str:
+    """What a release engineer needs from a failed verification: the failing tests and the pins drift."""
+    from ci import junit
+    from engine import pins
+
+    try:
+        failing = junit.failed_ids(junit.parse(junit_file), worktree)
+    except junit.JunitError:
+        failing = []
+    lines = ["failing tests:"] + ([f"  {t}" for t in failing] or
+                                 ["  (no JUnit record; the run's last lines:)"] +
+                                 [f"  {l}" for l in output.strip().splitlines()[-15:]])
+    try:
+        drift = pins.drift(worktree / PROFILES)
+    except Exception as e:   # a profile that no longer resolves is itself the finding
+        drift = [f"the profiles do not resolve: {e}"]
+    lines.append(f"resolved vs pinned ({PINS}):")
+    lines += [f"  {l}" for l in drift] or ["  none: the pins match the profiles"]
+    return "\n".join(lines)
+
+
+def _verify(wt: Path, lane: Lane, verify: str, tmp: Path) -> str:
+    if verify == "none":
+        return "not verified (--verify none)"
+    if verify == "config":
+        report = tmp / "verify-junit.xml"
+        cmd = [sys.executable, "-m", "pytest", "tests/config", "-q", "-p", "no:cacheprovider", "--junitxml", str(report)]
+    else:
+        art = tmp / "artifacts"
+        report = art / "junit.xml"
+        cmd = [sys.executable, "-m", "ci.cli", "run", lane.key, "--artifacts", str(art)]
+    run = subprocess.run(cmd, cwd=wt, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise VerifyFailed(f"verification ({verify}) failed on the rollback commit\n"
+                           f"{verify_failure(wt, report, run.stdout + run.stderr)}")
+    return f"verified with {verify}: {(run.stdout.strip().splitlines() or [''])[-1]}"
 
 
 def apply(d: Decision, lane: Lane, repo: Path, verify: str) -> tuple[str, str, list[str], str]:
     """Branch, commit and verify in a separate worktree.  Returns (branch, sha, restored, verify note)."""
-    branch = branch_name(lane, repo, d.culprit)
-    profile_files = {f"{PROFILES}/{lane.profile}.yaml"}
+    from engine import pins
+    from engine.config import resolve
+
+    keys = set(d.keys)
     with tempfile.TemporaryDirectory(prefix="lanekeeper-rollback-") as tmp:
         wt = Path(tmp) / "wt"
-        git(repo, "worktree", "add", "-q", "-b", branch, str(wt), "HEAD")
+        git(repo, "worktree", "add", "-q", "-b", d.branch, str(wt), "HEAD")
+        made = False
         try:
-            keys = set(d.keys)
-            touched = git(repo, "diff-tree", "--no-commit-id", "--name-only", "-r", d.culprit).split()
+            before = pins.compute(wt / PROFILES)
             restored = []
-            for file in touched:
-                if file in profile_files:
-                    restored += restore(repo, wt, d.culprit, file, lambda p: _resolved_key(p) in keys)
-                elif file == PINS:
-                    restored += restore(repo, wt, d.culprit, file,
-                                        lambda p: len(p) == 3 and p[0] == lane.profile and p[2] in keys)
+            for file in chain_files(wt, lane.profile):
+                restored += restore(repo, wt, d.culprit, file, keys)
             if not restored:
                 raise RollbackError("nothing to restore: the culprit's edits to the profile could not be located")
+            now = resolve(wt / PROFILES / f"{lane.profile}.yaml", platform=lane.platform or "cpu").flat()
+            wrong = {k: (now.get(k, MISSING), old) for k, (old, _) in d.keys.items() if now.get(k, MISSING) != old}
+            if wrong:
+                raise RollbackError("restoring the culprit's edits did not restore the defaults (changed again "
+                                    "since?): " + ", ".join(f"{k} resolves to {a!r}, expected {b!r}"
+                                                            for k, (a, b) in wrong.items()))
+            after = pins.compute(wt / PROFILES)
+            repinned = pins.write(wt / PROFILES, [n for n in after if after[n] != before.get(n)])
+            restored += [f"{PINS}: regenerated for {n}" for n in repinned]
             git(wt, "add", "-A", PROFILES)
-            msg = commit_message(d, lane, repo, restored)
-            env = {}
-            if not (git(repo, "config", "user.name", check=False).strip()
-                    and git(repo, "config", "user.email", check=False).strip()):
-                env = {f"GIT_{who}_{what}": value for who in ("AUTHOR", "COMMITTER")
-                       for what, value in (("NAME", "lanekeeper"), ("EMAIL", "lanekeeper@localhost"))}
-            git(wt, "commit", "-q", "-m", msg, env=env)
+            git(wt, "commit", "-q", "-m", commit_message(d, lane, repo, restored), env=_identity(repo))
             sha = git(wt, "rev-parse", "HEAD").strip()
-            note = "not verified (--verify none)"
-            if verify != "none":
-                cmd = VERIFY.get(verify) or [sys.executable, "-m", "ci.cli", "run", lane.key, "--artifacts",
-                                             str(Path(tmp) / "artifacts")]
-                run = subprocess.run(cmd, cwd=wt, capture_output=True, text=True)
-                tail = (run.stdout.strip().splitlines() or [""])[-1]
-                if run.returncode != 0:
-                    git(repo, "worktree", "remove", "--force", str(wt))
-                    git(repo, "branch", "-D", branch)
-                    raise VerifyFailed(f"verification ({verify}) failed on the rollback commit: {tail}\n"
-                                       f"{run.stdout[-2000:]}")
-                note = f"verified with {verify}: {tail}"
+            note = _verify(wt, lane, verify, Path(tmp))
+            made = True
         finally:
-            if wt.exists():
-                git(repo, "worktree", "remove", "--force", str(wt), check=False)
-    return branch, sha, restored, note
+            git(repo, "worktree", "remove", "--force", str(wt), check=False)
+            if not made:
+                git(repo, "branch", "-D", d.branch, check=False)
+    return d.branch, sha, restored, note
 
 
-class VerifyFailed(Exception):
-    pass
+def add_evidence(d: Decision, lane: Lane, repo: Path) -> str | None:
+    """Record this lane's red on the existing rollback branch (an empty commit); None when the
+    rollback lives only as a pull request whose branch is not reachable from here."""
+    if not d.existing:
+        return None
+    with tempfile.TemporaryDirectory(prefix="lanekeeper-rollback-") as tmp:
+        wt = Path(tmp) / "wt"
+        if d.existing == f"refs/heads/{d.branch}":
+            git(repo, "worktree", "add", "-q", str(wt), d.branch)
+        else:
+            git(repo, "worktree", "add", "-q", "-B", d.branch, str(wt), d.existing)
+        try:
+            git(wt, "commit", "-q", "--allow-empty", "-m", evidence_message(d, lane, repo), env=_identity(repo))
+            return git(wt, "rev-parse", "HEAD").strip()
+        finally:
+            git(repo, "worktree", "remove", "--force", str(wt), check=False)
 
 
-def _resolved_key(path: tuple) -> str:
-    if len(path) > 2 and path[0] == "platforms":
-        path = path[2:]
-    return ".".join(map(str, path))
+def _trailers(d: Decision, lane: Lane) -> list[str]:
+    return [f"{TRAILER}: {d.culprit}", f"{EVIDENCE}: {lane.key}"]
+
+
+def evidence_message(d: Decision, lane: Lane, repo: Path) -> str:
+    subject = git(repo, "log", "-1", "--format=%s", d.culprit).strip()
+    lines = [f"Rollback evidence: lane {lane.key} is red too after {d.culprit[:12]}", "",
+             f"Lane {lane.label!r} ({lane.key}) went red after {d.culprit[:12]} ({subject!r}).", ""]
+    lines += [f"- {e}" for e in d.evidence]
+    return "\n".join(lines + [""] + _trailers(d, lane)) + "\n"
 
 
 def commit_message(d: Decision, lane: Lane, repo: Path, restored: list[str]) -> str:
@@ -333,5 +452,7 @@ def commit_message(d: Decision, lane: Lane, repo: Path, restored: list[str]) -> 
              f"Lane {lane.label!r} ({lane.key}) went red after {d.culprit[:12]} ({subject!r}).", ""]
     lines += [f"- {e}" for e in d.evidence]
     lines += ["", "Restored:"] + [f"- {r}" for r in restored]
-    lines += ["", "Opt-in profiles are left as they are.", "", f"{TRAILER}: {d.culprit}"]
+    if d.others:
+        lines += ["", REVIEW] + [f"- {f}" for f in d.others]
+    lines += ["", "Opt-in profiles keep their own explicit values.", ""] + _trailers(d, lane)
     return "\n".join(lines) + "\n"

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from io import StringIO
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap, CommentedSeq
-from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.error import YAMLError
+
+from engine.profile_doc import ProfileDoc, ProfileError, explain_error, flatten, unflatten
 
 PLATFORMS = ("cuda", "cpu", "rocm", "npu", "xpu", "musa")
+STAGE_ROLES = {0: "talker", 1: "code2wav"}
 V2_UNSUPPORTED = ("npu", "xpu")
 PROFILES_DIR = Path(os.environ.get("LANEKEEPER_PROFILES_DIR", Path(__file__).resolve().parent.parent / "profiles"))
 
@@ -47,7 +48,8 @@ class SamplingParams(_Strict):
 
 
 class Connector(_Strict):
-    kind: Literal["shared_memory"] = "shared_memory"
+    """The stage-0 -> stage-1 link: how frames are windowed on their way to code2wav."""
+
     codec_chunk_frames: int = Field(25, ge=1)
     codec_left_context_frames: int = Field(72, ge=0)
     initial_codec_chunk_frames: int = Field(1, ge=1)
@@ -67,9 +69,11 @@ class ModelConfig(_Strict):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
 
-class StageConfig(_Strict):
-    stage_id: int = Field(ge=0, le=1)
-    name: str | None = None
+class TalkerStage(_Strict):
+    """Stage 0: the autoregressive talker, the only stage that batches, caches and samples."""
+
+    stage_id: Literal[0]
+    name: str | None = None       # what diagnoses call the stage (default: its role)
     max_num_seqs: int = Field(64, ge=1)
     max_num_batched_tokens: int = Field(512, ge=1)
     max_model_len: int = Field(4096, ge=16)
@@ -77,10 +81,21 @@ class StageConfig(_Strict):
     async_scheduling: bool = True
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     devices: str = "0"
-    input_connector: str | None = None
     output_connector: str | None = None
     cuda_graph_sizes: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     default_sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+
+
+class Code2WavStage(_Strict):
+    """Stage 1: decodes each handed-off window on its device; it has no batch, cache or graphs to tune."""
+
+    stage_id: Literal[1]
+    name: str | None = None
+    devices: str = "0"
+    input_connector: str | None = None
+
+
+StageConfig = Annotated[Union[TalkerStage, Code2WavStage], Field(discriminator="stage_id")]
 
 
 class Settings(_Strict):
@@ -117,27 +132,6 @@ class Profile(Settings):
     platforms: dict[Platform, Settings] = Field(default_factory=dict)
 
 
-class ProfileError(Exception):
-    """A profile, override or platform that cannot be resolved; says where."""
-
-    def __init__(self, message: str, path: str | os.PathLike | None = None, key: str | None = None,
-                 line: int | None = None):
-        self.message, self.path, self.key, self.line = message, path, key, line
-        where = str(path) if path else ""
-        if path and line:
-            where += f":{line}"
-        parts = [p for p in (where, key) if p]
-        super().__init__(": ".join(parts + [message]))
-
-
-# ---------------------------------------------------------------- loading
-
-def _yaml() -> YAML:
-    y = YAML(typ="rt")
-    y.allow_duplicate_keys = False
-    return y
-
-
 def find_profile(name_or_path: str | os.PathLike) -> Path:
     text = str(name_or_path)
     if os.sep in text or text.endswith((".yaml", ".yml")):
@@ -148,145 +142,6 @@ def find_profile(name_or_path: str | os.PathLike) -> Path:
         known = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.yaml") if p.stem != "pins"))
         raise ProfileError(f"no such profile file (known profiles: {known})", path=path)
     return path
-
-
-def _load_doc(path: Path) -> CommentedMap:
-    try:
-        doc = _yaml().load(path.read_text())
-    except MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        line = mark.line + 1 if mark else None
-        problem = " ".join(str(x) for x in (e.context, e.problem) if x)
-        raise ProfileError(f"YAML syntax error: {problem}", path=path, line=line) from None
-    except YAMLError as e:
-        raise ProfileError(f"YAML error: {e}", path=path) from None
-    if doc is None:
-        doc = CommentedMap()
-    if not isinstance(doc, dict):
-        raise ProfileError(f"expected a mapping at the top level, got {type(doc).__name__}", path=path, line=1)
-    return doc
-
-
-def line_of(doc: Any, loc: tuple) -> int | None:
-    """Line (1-based) of the deepest node of `loc` that the YAML document has."""
-    line, node = None, doc
-    for part in loc:
-        if isinstance(node, CommentedMap) and part in node:
-            line = node.lc.key(part)[0] + 1
-            node = node[part]
-        elif isinstance(node, CommentedSeq) and isinstance(part, int) and part < len(node):
-            line = node.lc.item(part)[0] + 1
-            node = node[part]
-        else:
-            break
-    return line
-
-
-def _loc_key(doc: Any, loc: tuple) -> str:
-    """A readable key path for a pydantic error location: stages[1].max_num_seqs."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif str(part).startswith("function-") or part == "[key]":
-            continue
-        else:
-            out += f".{part}" if out else str(part)
-    return out or "<top>"
-
-
-def _validate_doc(doc: dict, path: Path, model=Profile) -> None:
-    try:
-        model.model_validate(plain(doc))
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = tuple(err["loc"])
-        msg = err["msg"]
-        dup = re.search(r"duplicate stage_id \d+ at index (\d+)", msg)
-        if dup:
-            loc += (int(dup.group(1)),)
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        elif "input" in err and err["type"] not in ("missing",):
-            msg = f"{msg} (got {err['input']!r})" if not isinstance(err["input"], (dict, list)) else msg
-        raise ProfileError(msg, path=path, key=_loc_key(doc, loc), line=line_of(doc, loc)) from None
-
-
-def plain(node: Any) -> Any:
-    if isinstance(node, dict):
-        return {k: plain(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [plain(v) for v in node]
-    return node
-
-
-# ------------------------------------------------------------- flattening
-
-def _flatten(node: Any, prefix: str, label, out: dict, skip: tuple = ()) -> None:
-    """Flatten a YAML mapping into {dotted path: (value, source)}; stages keyed by stage_id."""
-    for key, value in node.items():
-        if key in skip:
-            continue
-        path = f"{prefix}{key}"
-        line = node.lc.key(key)[0] + 1 if isinstance(node, CommentedMap) else None
-        if key == "stages" and not prefix.count(".") and isinstance(value, list):
-            for item in value:
-                sid = item["stage_id"]
-                for skey, svalue in item.items():
-                    if skey == "stage_id":
-                        continue
-                    sline = item.lc.key(skey)[0] + 1 if isinstance(item, CommentedMap) else None
-                    spath = f"stages.{sid}.{skey}"
-                    if isinstance(svalue, dict):
-                        _flatten(svalue, spath + ".", label, out)
-                    else:
-                        out[spath] = (plain(svalue), label(sline))
-                out.setdefault(f"stages.{sid}", (None, label(item.lc.line + 1 if isinstance(item, CommentedMap) else None)))
-        elif isinstance(value, dict) and value:
-            _flatten(value, path + ".", label, out)
-        elif isinstance(value, dict):
-            out.setdefault(path, ({}, label(line)))
-        else:
-            out[path] = (plain(value), label(line))
-
-
-def _unflatten(flat: dict[str, Any]) -> dict:
-    tree: dict = {}
-    stages: dict[int, dict] = {}
-    for path, value in flat.items():
-        parts = path.split(".")
-        if parts[0] == "stages":
-            sid = int(parts[1])
-            node = stages.setdefault(sid, {"stage_id": sid})
-            parts = parts[2:]
-            if not parts:
-                continue
-        else:
-            node = tree
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ProfileError(f"{path}: {part} is not a mapping")
-        if value == {} and isinstance(node.get(parts[-1]), dict):
-            continue
-        node[parts[-1]] = value
-    if stages:
-        tree["stages"] = [stages[s] for s in sorted(stages)]
-    return tree
-
-
-def _flat_model(obj: Any, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in obj.items():
-        if key == "stages" and not prefix:
-            for stage in value:
-                sid = stage["stage_id"]
-                out.update(_flat_model({k: v for k, v in stage.items() if k != "stage_id"}, f"stages.{sid}."))
-        elif isinstance(value, dict) and value:
-            out.update(_flat_model(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 # ------------------------------------------------------------- resolution
@@ -301,7 +156,9 @@ class ResolvedProfile:
     overrides: tuple[str, ...] = ()
 
     def flat(self) -> dict[str, Any]:
-        return _flat_model(self.config.model_dump())
+        """{dotted path: value} of every resolved setting (the stage_id markers left out)."""
+        return {k: leaf.value for k, leaf in flatten(self.config.model_dump()).items()
+                if not (k.startswith("stages.") and k.endswith(".stage_id"))}
 
     def get(self, path: str) -> Any:
         flat = self.flat()
@@ -309,13 +166,18 @@ class ResolvedProfile:
             raise KeyError(path)
         return flat[path]
 
-    def stage(self, stage_id: int) -> StageConfig:
+    def stage(self, stage_id: int) -> TalkerStage | Code2WavStage:
         for stage in self.config.stages:
             if stage.stage_id == stage_id:
                 return stage
         raise KeyError(f"profile {self.name} has no stage {stage_id}")
 
+    def stage_name(self, stage_id: int) -> str:
+        """What diagnoses call a stage: its `name` in the profile, else its role."""
+        return self.stage(stage_id).name or STAGE_ROLES[stage_id]
+
     def connector(self) -> Connector:
+        """The one handoff link (stage 0's output, which is stage 1's input; `_check` holds them equal)."""
         name = self.stage(0).output_connector
         return self.config.connectors[name] if name else Connector()
 
@@ -365,23 +227,29 @@ def detect_platform() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _layers(path: Path, chain: tuple[Path, ...] = ()) -> list[tuple[Path, CommentedMap]]:
-    """The base_config chain, base first."""
+def _layers(path: Path, chain: tuple[Path, ...] = ()) -> list[tuple[Path, ProfileDoc]]:
+    """The base_config chain, base first; each file checked on its own before any merging."""
     path = path.resolve()
     if path in chain:
         cycle = " -> ".join(p.name for p in chain + (path,))
         raise ProfileError(f"base_config cycle: {cycle}", path=chain[-1], key="base_config",
-                           line=line_of(_load_doc(chain[-1]), ("base_config",)))
-    doc = _load_doc(path)
-    _validate_doc(doc, path)
-    base = doc.get("base_config")
+                           line=ProfileDoc.load(chain[-1]).line("base_config"))
+    doc = ProfileDoc.load(path)
+    doc.flat()                 # stages keyed by a unique integer stage_id, before the schema speaks
+    doc.validate(Profile)
+    base = doc.data.get("base_config")
     if base is None:
         return [(path, doc)]
     base_path = (path.parent / base).resolve()
     if not base_path.is_file():
         raise ProfileError(f"base_config file not found: {base_path}", path=path, key="base_config",
-                           line=line_of(doc, ("base_config",)))
+                           line=doc.line("base_config"))
     return _layers(base_path, chain + (path,)) + [(path, doc)]
+
+
+def layer_files(name_or_path: str | os.PathLike) -> list[Path]:
+    """The files a profile resolves from, base first."""
+    return [file for file, _ in _layers(find_profile(name_or_path))]
 
 
 def _rel(path: Path) -> str:
@@ -398,34 +266,35 @@ def resolve(name_or_path: str | os.PathLike, platform: str | None = None,
     if platform not in PLATFORMS:
         raise ProfileError(f"unknown platform {platform!r}; expected one of {', '.join(PLATFORMS)}", key="--platform")
 
-    flat: dict[str, tuple[Any, str]] = {}
+    flat: dict[str, tuple[Any, str]] = {}       # path -> (value, where it came from)
     section: dict[str, tuple[Any, str]] = {}
     for file, doc in _layers(path):
         name = _rel(file)
-        _flatten(doc, "", lambda line, n=name: f"{n}:{line}" if line else n, flat,
-                 skip=("base_config", "platforms"))
-        plat = (doc.get("platforms") or {}).get(platform)
-        if plat is not None:
-            _flatten(plat, "", lambda line, n=name: f"{n}:{line} [platforms.{platform}]", section)
+        for key, leaf in doc.flat().items():
+            where = f"{name}:{leaf.line}" if leaf.line else name
+            top, _, rest = key.partition(".")
+            if top == "base_config":
+                continue
+            if top == "platforms":
+                plat, _, rest = rest.partition(".")
+                if plat == platform and rest:
+                    section[rest] = (leaf.value, f"{where} [platforms.{platform}]")
+            else:
+                flat[key] = (leaf.value, where)
     flat.update(section)
     for text in overrides:
         key, value = parse_override(text)
-        if key.startswith("stages.") and f"stages.{key.split('.')[1]}" not in flat:
+        if key.startswith("stages.") and f"stages.{key.split('.')[1]}.stage_id" not in flat:
             raise ProfileError(f"override {text!r}: profile has no stage {key.split('.')[1]}", key="--set")
         flat[key] = (value, f"override --set {text}")
 
-    tree = _unflatten({k: v for k, (v, _) in flat.items()})
+    tree = unflatten({k: v for k, (v, _) in flat.items()})
     try:
         config = Settings.model_validate(tree)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = tuple(err["loc"])
-        if loc and loc[0] == "stages" and len(loc) > 1 and isinstance(loc[1], int):
-            loc = ("stages", tree["stages"][loc[1]]["stage_id"]) + loc[2:]
-        dotted = ".".join(str(p) for p in loc)
+        dotted, _, msg = explain_error(e, tree)
         near = [p for p in flat if p == dotted or dotted.startswith(p + ".") or p.startswith(dotted + ".")]
         source = flat[max(near, key=lambda p: (p == dotted, len(p)))][1] if near else ""
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
         raise ProfileError(f"{msg} (from {source or 'merged profile'})", path=path, key=dotted) from None
 
     sources = {k: s for k, (_, s) in flat.items()}
@@ -456,12 +325,16 @@ def _check(profile: ResolvedProfile) -> None:
     ids = sorted(s.stage_id for s in cfg.stages)
     if ids != [0, 1]:
         raise ProfileError(f"expected stages 0 (talker) and 1 (code2wav), got {ids}", path=profile.path, key="stages")
-    for stage in cfg.stages:
-        for attr in ("input_connector", "output_connector"):
-            ref = getattr(stage, attr)
-            if ref is not None and ref not in cfg.connectors:
-                raise ProfileError(f"connector {ref!r} is not defined under connectors",
-                                   path=profile.path, key=f"stages.{stage.stage_id}.{attr}")
+    links = {"stages.0.output_connector": profile.stage(0).output_connector,
+             "stages.1.input_connector": profile.stage(1).input_connector}
+    for key, ref in links.items():
+        if ref is not None and ref not in cfg.connectors:
+            raise ProfileError(f"connector {ref!r} is not defined under connectors (set by "
+                               f"{profile.sources.get(key, 'schema default')})", path=profile.path, key=key)
+    if len(set(links.values())) > 1:
+        raise ProfileError(f"stage 1 reads from connector {links['stages.1.input_connector']!r} but stage 0 writes "
+                           f"to {links['stages.0.output_connector']!r}; the handoff is one link, so both must "
+                           f"name the same connector", path=profile.path, key="stages.1.input_connector")
 
 
 def check_file(path: str | os.PathLike) -> list[str]:

@@ -28,7 +28,7 @@ from engine.faults import from_env as faults_from_env, parse as parse_faults
 from engine.presets import CODEBOOKS, SAMPLE_RATE, SAMPLES_PER_FRAME
 from engine.procs import kill_processes, stage_main
 from engine.request import AudioChunk, RequestError, SpeechRequest, SpeechResult
-from engine.watchdog import STAGE_NAMES, Watchdog
+from engine.watchdog import Watchdog
 
 _LIVE: "weakref.WeakSet[TTSEngine]" = weakref.WeakSet()
 
@@ -140,7 +140,7 @@ class TTSEngine:
         while len(self.info) < len(self.procs):
             for stage, proc in enumerate(self.procs):
                 if stage not in self.info and not proc.is_alive():
-                    raise EngineError(f"stage {stage} ({STAGE_NAMES[stage]}) exited with code {proc.exitcode} "
+                    raise EngineError(f"stage {stage} ({self.profile.stage_name(stage)}) exited with code {proc.exitcode} "
                                       f"during start-up")
             if time.monotonic() > deadline:
                 raise EngineError(f"engine did not start within {timeout:.0f}s")
@@ -154,7 +154,7 @@ class TTSEngine:
             elif msg[0] == "beat":
                 self.beats[msg[1]] = (time.monotonic(), msg[2])
             elif msg[0] == "fatal":
-                raise EngineError(f"stage {msg[1]} ({STAGE_NAMES[msg[1]]}) failed during start-up: {msg[3]}",
+                raise EngineError(f"stage {msg[1]} ({self.profile.stage_name(msg[1])}) failed during start-up: {msg[3]}",
                                   detail=msg[2])
 
     def dead_stages(self) -> list[int]:
@@ -276,7 +276,7 @@ class TTSEngine:
             self._fail(rid, {"kind": "RequestFailed", "stage": stage, "message": message})
         elif kind == "fatal":
             _, stage, tb, summary = msg
-            self._fail_all({"kind": "StageCrashed", "stage": stage, "stage_name": STAGE_NAMES[stage],
+            self._fail_all({"kind": "StageCrashed", "stage": stage, "stage_name": self.profile.stage_name(stage),
                             "message": summary, "traceback": tb})
 
     def _maybe_done(self, t: _Tracked) -> None:

@@ -18,7 +18,6 @@ import collections
 import threading
 import time
 
-STAGE_NAMES = {0: "talker", 1: "code2wav"}
 # Every diagnosis made in this process, newest last: the pytest plugin reads it for reports.
 DIAGNOSES: collections.deque = collections.deque(maxlen=1000)
 
@@ -28,6 +27,7 @@ class Watchdog(threading.Thread):
         super().__init__(name="lanekeeper-watchdog", daemon=True)
         self.engine, self.tick = engine, tick
         self.cfg = engine.profile.config.watchdog
+        self.names = {sid: engine.profile.stage_name(sid) for sid in (0, 1)}
         self.counters: dict[int, tuple[object, float]] = {}   # stage -> (progress counter, when it last moved)
 
     def run(self) -> None:
@@ -53,7 +53,7 @@ class Watchdog(threading.Thread):
             if tracked and not eng.closed:
                 code = eng.procs[stage].exitcode
                 self.fail("StageDied", stage, tracked, 0.0,
-                          f"stage {stage} ({STAGE_NAMES[stage]}) exited with code {code}", exitcode=code)
+                          f"stage {stage} ({self.names[stage]}) exited with code {code}", exitcode=code)
             return
         if not tracked or not self.cfg.enabled:
             self.counters.clear()
@@ -63,14 +63,14 @@ class Watchdog(threading.Thread):
             seen = beats[stage][0]   # every stage beat at least once: its ready
             if now - seen > self.cfg.stage_deadline_s:
                 self.fail("StageStall", stage, tracked, now - seen,
-                          f"stage {stage} ({STAGE_NAMES[stage]}) sent no heartbeat for {now - seen:.1f}s")
+                          f"stage {stage} ({self.names[stage]}) sent no heartbeat for {now - seen:.1f}s")
                 return
         s0 = beats.get(0, (0, {}))[1]
         quiet0 = self._moved(0, s0.get("steps"), now)
         in_stage0 = [t for t in tracked if not t.stage0_done]
         if s0.get("depth", 0) and in_stage0 and quiet0 > self.cfg.stage_deadline_s:
             self.fail("StageStall", 0, in_stage0, quiet0,
-                      f"stage 0 (talker) holds {len(in_stage0)} request(s) and made no step for {quiet0:.1f}s")
+                      f"stage 0 ({self.names[0]}) holds {len(in_stage0)} request(s) and made no step for {quiet0:.1f}s")
             return
         s1 = beats.get(1, (0, {}))[1]
         quiet1 = self._moved(1, s1.get("windows"), now)
@@ -82,18 +82,18 @@ class Watchdog(threading.Thread):
         if not s1.get("busy") and inbox == 0:
             for t in waiting:
                 self.fail("StageHandoffStall", 1, [t], now - t.pending_since,
-                          f"stage 1 (code2wav) waited {now - t.pending_since:.1f}s for frames that stage 0 handed "
+                          f"stage 1 ({self.names[1]}) waited {now - t.pending_since:.1f}s for frames that stage 0 handed "
                           f"off and that never arrived", group=waiting)
         elif quiet1 > self.cfg.stage_deadline_s:
             self.fail("StageStall", 1, waiting, quiet1,
-                      f"stage 1 (code2wav) has {inbox} window(s) queued and decoded none for {quiet1:.1f}s")
+                      f"stage 1 ({self.names[1]}) has {inbox} window(s) queued and decoded none for {quiet1:.1f}s")
 
     def fail(self, kind: str, stage: int, affected: list, seconds: float, message: str, group=None, **extra) -> None:
         eng, prof = self.engine, self.engine.profile
         ids = [t.request.request_id for t in (group or affected)]
         for t in affected:
             diagnosis = {
-                "kind": kind, "stage": stage, "stage_name": STAGE_NAMES[stage],
+                "kind": kind, "stage": stage, "stage_name": self.names[stage],
                 "request_id": t.request.request_id, "request_ids": ids,
                 "frames_produced": t.produced, "frames_handed_off": t.handed_off, "frames_consumed": t.consumed,
                 "seconds_since_progress": round(seconds, 2),

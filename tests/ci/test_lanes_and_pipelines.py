@@ -4,10 +4,8 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import uuid
 import zipfile
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ from ruamel.yaml import YAML
 
 from ci import lanes, pipelines
 from ci.cli import main
+from tests.ci.conftest import TOKEN
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILDKITE_FILE = ROOT / ".buildkite/pipeline.yml"
@@ -201,6 +200,42 @@ def test_dry_run_is_the_ci_command(capsys):
     out = capsys.readouterr().out
     assert "-m pytest tests/e2e/offline tests/e2e/online -m merge_only -k 'voice_clone or test_base'" in out
     assert "--timeout 300 --lane-budget 1800 --junitxml out/junit.xml --report-dir out" in out
+    assert "--profile qwen3_tts" in out
+
+
+def test_a_lane_runs_the_profile_it_names(tmp_path, capsys):
+    """A lane's `profile:` reaches pytest, the engine fixtures and what the engine runs."""
+    import xml.etree.ElementTree as ET
+
+    lanes_file = tmp_path / "lanes.yaml"
+    lanes_file.write_text("""\
+lanes:
+  - key: hc
+    label: "TTS · high concurrency"
+    trigger: merge_only
+    profile: qwen3_tts_high_concurrency
+    paths: [tests/e2e/offline/test_custom_voice.py]
+    markers: merge_only
+    keyword: as_shipped
+    timeout: 120
+    budget: 300
+""")
+    art = tmp_path / "art"
+    assert main(["run", "hc", "--dry-run", "--lanes-file", str(lanes_file), "--artifacts", str(art)]) == 0
+    assert "--profile qwen3_tts_high_concurrency" in capsys.readouterr().out
+    run = _cli("run", "hc", "--lanes-file", str(lanes_file), "--artifacts", str(art))
+    assert run.returncode == 0, run.stdout[-3000:]
+    (case,) = ET.parse(art / "junit.xml").getroot().iter("testcase")
+    props = {p.get("name"): p.get("value") for p in case.iter("property")}
+    assert props == {"profile": "qwen3_tts_high_concurrency", "runner": "v1"}
+
+
+def test_unknown_profile_is_a_usage_error():
+    run = subprocess.run([sys.executable, "-m", "pytest", "tests/e2e/offline", "-k", "as_shipped",
+                          "--profile", "no_such_profile", "-p", "no:cacheprovider"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 4, run.stdout + run.stderr
+    assert "--profile: " in run.stderr and "no such profile file" in run.stderr
 
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
@@ -260,37 +295,6 @@ def test_malformed_junit(content, message, tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- CI APIs on 127.0.0.1
-
-TOKEN = "s3cr3t-token-value"
-
-
-@pytest.fixture
-def api():
-    routes = {}
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            if self.headers.get("Authorization") != f"Bearer {TOKEN}":
-                self.send_response(401)
-                self.end_headers()
-                return
-            body = routes.get(self.path.split("?")[0])
-            if body is None:
-                self.send_response(404)
-                self.end_headers()
-                return
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(body if isinstance(body, bytes) else json.dumps(body).encode())
-
-        def log_message(self, *a):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_port}"
-    yield base, routes
-    server.shutdown()
 
 
 def _failed_junit():

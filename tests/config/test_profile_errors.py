@@ -10,7 +10,7 @@ stages:
   - stage_id: 0
     max_num_seqs: 4
   - stage_id: 1
-    max_num_seqs: 4
+    devices: "0"
 """
 
 CASES = {
@@ -18,11 +18,14 @@ CASES = {
     "unknown_key": (GOOD_STAGES + "frobnicate: 3\n", "frobnicate", "unknown key", 6),
     "unknown_stage_key": (GOOD_STAGES.replace("    max_num_seqs: 4\n  - stage_id: 1",
                                               "    max_num_seqz: 4\n  - stage_id: 1"),
-                          "stages[0].max_num_seqz", "unknown key", 3),
+                          "stages.0.max_num_seqz", "unknown key", 3),
     "wrong_type": (GOOD_STAGES.replace("max_num_seqs: 4\n  - stage_id: 1", "max_num_seqs: lots\n  - stage_id: 1"),
-                   "stages[0].max_num_seqs", "valid integer", 3),
+                   "stages.0.max_num_seqs", "valid integer", 3),
     "bad_runner": ("model_runner: v3\n" + GOOD_STAGES, "model_runner", "'v1' or 'v2'", 1),
     "duplicate_stage": (GOOD_STAGES + "  - stage_id: 1\n", "stages[2]", "duplicate stage_id 1", 6),
+    "code2wav_knob": (GOOD_STAGES.replace('devices: "0"', "max_num_seqs: 4"), "stages.1.max_num_seqs", "unknown key", 5),
+    "no_stage_id": (GOOD_STAGES + "  - max_num_seqs: 2\n", "stages", "needs an integer stage_id", 6),
+    "unknown_stage": (GOOD_STAGES.replace("stage_id: 1", "stage_id: 2"), "stages.2", "expected tags: 0, 1", 4),
     "duplicate_key": ("async_chunk: true\nasync_chunk: false\n" + GOOD_STAGES, None, "duplicate", 2),
     "bad_platform": (GOOD_STAGES + "platforms:\n  tpu: {}\n", "platforms.tpu", "", 7),
 }

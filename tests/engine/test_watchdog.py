@@ -20,7 +20,8 @@ def _engine(faults, *extra):
 
 
 def test_kill_stage_1_mid_request_is_stage_died():
-    with _engine("kill_stage:stage=1,after_frames=1") as engine:
+    """...and calls the stage by the name its profile gives it."""
+    with _engine("kill_stage:stage=1,after_frames=1", "stages.1.name=vocoder") as engine:
         t0 = time.monotonic()
         (result,) = engine.generate([SpeechRequest("Stage one dies while decoding this.")], timeout=30)
         elapsed = time.monotonic() - t0
@@ -29,6 +30,7 @@ def test_kill_stage_1_mid_request_is_stage_died():
     with pytest.raises(StageDied) as err:
         result.raise_for_status()
     assert err.value.error["stage"] == 1 and err.value.error["request_id"] == result.request_id
+    assert err.value.error["stage_name"] == "vocoder" and "stage 1 (vocoder)" in err.value.error["message"]
     assert _gone(pids)
 
 

@@ -13,11 +13,41 @@ from tests.e2e.conftest import make_request
 
 
 @pytest.fixture(scope="session")
-def offline_engine(cell, platform):
-    """One engine per matrix cell, shared by every test of that cell."""
-    profile = resolve("qwen3_tts", platform=platform, overrides=cell.overrides + TEST_WATCHDOG)
+def offline_engine(cell, platform, profile_name):
+    """One engine per matrix cell, shared by every test of that cell: the lane's profile with the
+    cell's axes set on top."""
+    profile = resolve(profile_name, platform=platform, overrides=cell.overrides + TEST_WATCHDOG)
     with TTSEngine(profile) as engine:
         yield engine
+
+
+@pytest.fixture(scope="session")
+def shipped_engine(platform, profile_name, pytestconfig):
+    """The lane's profile exactly as shipped (only the test watchdog and the lane's backend set):
+    its own runner, graphs and handoff, the cell a default flip changes."""
+    backend = pytestconfig.getoption("backend")
+    profile = resolve(profile_name, platform=platform,
+                      overrides=TEST_WATCHDOG + ([f"backend={backend}"] if backend != "torch" else []))
+    if backend == "vllm":
+        from engine.vllm_talker import unsupported
+
+        reason = unsupported(profile)
+        if reason:
+            pytest.skip(reason)
+    with TTSEngine(profile) as engine:
+        yield engine
+
+
+def check_as_shipped(engine, request, record_property):
+    """One request through the profile as shipped; the engine runs the runner the profile names."""
+    profile = engine.profile
+    record_property("profile", profile.name)
+    record_property("runner", engine.info[0]["runner"])
+    assert engine.info[0]["runner"] == profile.config.model_runner, \
+        f"{profile.name} names runner {profile.config.model_runner}, stage 0 runs {engine.info[0]['runner']}"
+    (result,) = engine.generate([request])
+    assert result.ok and len(result.audio) > 0, result.error
+    return result
 
 
 class _Inbox(list):
@@ -58,7 +88,7 @@ def greedy_reference(ref_audio, pytestconfig):
     tasks = ("CustomVoice", "VoiceDesign", "Base")
     reqs = [make_request(task, "Greedy codes must match everywhere.", ref_audio, temperature=0.0, seed=7)
             for task in tasks]
-    runs = reference_runs(reqs, backend=pytestconfig.getoption("backend"))
+    runs = reference_runs(reqs, backend=pytestconfig.getoption("backend"), profile_name=pytestconfig.getoption("profile"))
     return {task: (req, *run) for task, req, run in zip(tasks, reqs, runs)}
 
 

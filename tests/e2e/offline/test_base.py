@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from tests.e2e.conftest import make_request
-from tests.e2e.offline.conftest import assert_matches_reference
+from tests.e2e.offline.conftest import assert_matches_reference, check_as_shipped
 
 pytestmark = [pytest.mark.offline, pytest.mark.merge_only]
 
@@ -17,3 +17,8 @@ def test_voice_clone_streaming(cell, offline_engine, ref_audio):
     req = make_request("Base", "Cloned and streamed.", ref_audio, seed=3)
     chunks = list(offline_engine.stream(req))
     assert chunks[-1].final and sum(len(c.audio) for c in chunks) > 0
+
+
+def test_voice_clone_as_shipped(shipped_engine, ref_audio, record_property):
+    check_as_shipped(shipped_engine, make_request("Base", "Cloned by the profile as shipped.", ref_audio, seed=3),
+                     record_property)

@@ -8,7 +8,7 @@ from engine.presets import CODEBOOK_SIZE, SAMPLE_RATE, SAMPLES_PER_FRAME
 from engine.request import SpeechRequest
 from engine.tokenizer import frames_for_text
 from tests.e2e.conftest import TEXTS, make_request
-from tests.e2e.offline.conftest import assert_matches_reference
+from tests.e2e.offline.conftest import assert_matches_reference, check_as_shipped
 
 pytestmark = [pytest.mark.offline, pytest.mark.merge_only]
 
@@ -78,3 +78,8 @@ def test_bad_request_rejected(cell, offline_engine):
         offline_engine.generate([SpeechRequest("hi", voice="nobody")])
     (ok,) = offline_engine.generate([make_request("CustomVoice", "Still serving.")])
     assert ok.ok
+
+
+def test_text_to_audio_as_shipped(shipped_engine, record_property):
+    result = check_as_shipped(shipped_engine, make_request("CustomVoice", TEXTS[0]), record_property)
+    _check_audio(result, TEXTS[0])

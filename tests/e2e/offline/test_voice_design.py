@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from tests.e2e.offline.conftest import assert_matches_reference
+from tests.e2e.conftest import make_request
+from tests.e2e.offline.conftest import assert_matches_reference, check_as_shipped
 
 pytestmark = [pytest.mark.offline, pytest.mark.merge_only]
 
@@ -11,3 +12,8 @@ def test_voice_design(cell, offline_engine, greedy_reference):
     codes = assert_matches_reference(offline_engine, greedy_reference, "VoiceDesign", f"vd-{cell.id}")
     # the instructions condition the voice: same text and seed as CustomVoice, other codes
     assert not np.array_equal(codes, greedy_reference["CustomVoice"][1])
+
+
+def test_voice_design_as_shipped(shipped_engine, ref_audio, record_property):
+    check_as_shipped(shipped_engine, make_request("VoiceDesign", "Designed by the profile as shipped.", ref_audio,
+                                                  seed=3), record_property)

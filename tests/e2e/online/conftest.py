@@ -11,9 +11,9 @@ from ci.remote_server import RemoteServer
 
 
 @pytest.fixture(scope="session")
-def server(cell, platform):
-    """One server per matrix cell, shared by every online test of that cell."""
-    args = ["--platform", platform]
+def server(cell, platform, profile_name):
+    """One server per matrix cell, shared by every online test of that cell, on the lane's profile."""
+    args = ["--platform", platform, "--profile", profile_name]
     for o in cell.overrides + TEST_WATCHDOG:
         args += ["--set", o]
     with RemoteServer(args) as srv:
