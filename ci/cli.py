@@ -75,8 +75,12 @@ def cmd_profile_check(args) -> int:
 
 
 def cmd_profile_pin(args) -> int:
+    from pathlib import Path
+
     from engine import pins
 
+    if not Path(args.profiles_dir).is_dir() or not pins.profile_names(args.profiles_dir):
+        raise UsageError(f"--profiles-dir {args.profiles_dir}: no directory of profiles (*.yaml) there")
     if args.check:
         drift = pins.drift(args.profiles_dir)
         if drift:
@@ -86,6 +90,10 @@ def cmd_profile_pin(args) -> int:
             return 1
         print(f"ok  {args.profiles_dir}/{pins.PINS_FILE} matches every profile on every platform")
         return 0
+    unknown = sorted(set(args.names) - set(pins.profile_names(args.profiles_dir)))
+    if unknown:
+        raise UsageError(f"no such profile in {args.profiles_dir}: {', '.join(unknown)} "
+                         f"(known: {', '.join(pins.profile_names(args.profiles_dir))})")
     changed = pins.write(args.profiles_dir, args.names or None)
     print(f"pinned {', '.join(changed)}" if changed else "pins already current")
     return 0

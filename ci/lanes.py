@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from engine.config import Backend
+from engine.config import Backend, find_profile
 from engine.profile_doc import ProfileDoc, ProfileError, format_error, plain
 
 LANES_FILE = Path(__file__).resolve().parent / "lanes.yaml"
@@ -124,9 +124,15 @@ def load(path: str | os.PathLike = LANES_FILE) -> list[Lane]:
     except ProfileError as e:
         raise LaneError(f"lanes file {e}" if e.message == "file not found" else str(e)) from None
     try:
-        return LanesFile.model_validate(plain(doc.data)).lanes
+        lanes = LanesFile.model_validate(plain(doc.data)).lanes
     except ValidationError as e:
         raise LaneError(format_error(e, doc.data, path)) from None
+    for i, lane in enumerate(lanes):
+        try:
+            find_profile(lane.profile)
+        except ProfileError as e:
+            raise LaneError(f"{path}:{doc.line(f'lanes.{i}.profile')}: lanes.{i}.profile: {e.message}") from None
+    return lanes
 
 
 def find(name: str, lanes: list[Lane] | None = None) -> Lane:

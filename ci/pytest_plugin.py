@@ -87,7 +87,29 @@ def unsupported_cells(config, chosen) -> dict[str, str]:
     return lane.unsupported
 
 
+def shipped_profile(config):
+    """The run's profile as shipped: only the test watchdog and the run's stage-0 backend set on it."""
+    from ci.matrix import TEST_WATCHDOG
+    from engine.config import detect_platform, resolve
+
+    backend = config.getoption("backend")
+    return resolve(config.getoption("profile"), platform=config.getoption("platform") or detect_platform(),
+                   overrides=TEST_WATCHDOG + ([f"backend={backend}"] if backend != "torch" else []))
+
+
 def pytest_generate_tests(metafunc):
+    if "shipped" in metafunc.fixturenames:
+        lane = metafunc.config.stash[LANE]
+        if lane.shipped is None:   # resolved (and asked of vLLM) once a run
+            profile, marks = shipped_profile(metafunc.config), []
+            if profile.config.backend == "vllm":
+                from engine.vllm_talker import unsupported
+
+                reason = unsupported(profile)
+                marks = [pytest.mark.skip(reason=reason)] if reason else []
+            # The id carries the cell the profile's own defaults make, so the matrix summary and repro see it.
+            lane.shipped = pytest.param(profile, id=f"{profile.name}-{profile.cell}", marks=marks)
+        metafunc.parametrize("shipped", [lane.shipped], scope="session")
     if "cell" in metafunc.fixturenames:
         chosen = selected_cells(metafunc.config)
         skips = unsupported_cells(metafunc.config, chosen)
@@ -125,6 +147,7 @@ class Lane:
         self.incidents: list[dict] = []
         self.stalled_cells: dict[str, str] = {}
         self.unsupported: dict[str, str] | None = None    # cell id -> why the backend cannot run it here
+        self.shipped = None                                # the run's profile as shipped, as a test parameter
         self.outcomes: dict[tuple, dict] = defaultdict(lambda: {"passed": 0, "failed": 0, "stalled": 0,
                                                                 "skipped": 0, "why": []})
 
@@ -211,9 +234,11 @@ def pytest_runtest_setup(item):
 # ------------------------------------------------------------------ stalls and timeouts
 
 def _cell_of(item) -> str | None:
-    callspec = getattr(item, "callspec", None)
-    cell = callspec.params.get("cell") if callspec else None
-    return getattr(cell, "id", None)
+    """The matrix cell a test runs in: its `cell`, or the cell its profile as shipped makes."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "shipped" in params:
+        return params["shipped"].cell
+    return getattr(params.get("cell"), "id", None)
 
 
 def diagnoses_in(exc) -> list[dict]:

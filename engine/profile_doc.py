@@ -294,10 +294,13 @@ class ProfileDoc:
         """The line of `path`, or of its deepest part the document has."""
         parts, node, line = path.split("."), self.data, None
         for part in parts:
-            if isinstance(node, list):
-                node = self._stage(node, part, False)
-                if node is None:
+            if isinstance(node, list):   # a stage by its stage_id, any other list item by its index
+                item = self._stage(node, part, False)
+                if item is None and part.isdigit() and int(part) < len(node):
+                    item = node[int(part)]
+                if item is None:
                     break
+                node = item
                 line = node.lc.line + 1 if isinstance(node, CommentedMap) else line
             elif isinstance(node, dict) and part in node:
                 line = _key_line(node, part) or line

@@ -179,6 +179,9 @@ lanes:
      ":4: lanes.0.trigger: Input should be 'per_commit', 'merge_only' or 'nightly'"),
     ("lanes:\n  - key: Bad Key\n    label: A\n    trigger: per_commit\n    paths: [x]\n    timeout: 1\n    budget: 1\n",
      ":2: lanes.0.key: String should match pattern"),
+    ("lanes:\n  - key: a\n    label: A\n    trigger: per_commit\n    paths: [x]\n    timeout: 1\n    budget: 1\n"
+     "    profile: qwen3_tts_nope\n", ":8: lanes.0.profile: no such profile file (known profiles: qwen3_tts,"),
+    ("lanes:\n  - key: a\n    key: b\n", ":3: duplicate key"),
     ("lanes:\n  - key: a\n    label: \"${{ github.token }}\"\n    trigger: per_commit\n    paths: [x]\n    timeout: 1\n    budget: 1\n",
      "may not contain '${{'"),
 ])

@@ -29,7 +29,7 @@ BASE_LANE, CV_LANE = "TTS · Qwen3-TTS Base Test", "TTS · Qwen3-TTS CustomVoice
 LEGACY = {"model_runner": "v1", "stages.0.max_num_batched_tokens": 2048}
 FLIP = {"model_runner": "v2", "stages.0.max_num_batched_tokens": 512}
 DOCS = "docs/model-runner-v2.md"
-SPLIT_TEST = "tests/config/test_default_runner.py"
+SPLIT_FROM, SPLIT_TEST = "tests/config/test_profiles.py", "tests/config/test_default_runner.py"
 SPLIT_TEST_TEXT = '''\
 """The default profile's runner on every platform, split out and read from the pins."""
 import pytest
@@ -77,6 +77,13 @@ def commit(repo, message, files: dict | None = None, repin=True) -> str:
     return git(repo, "rev-parse", "HEAD")
 
 
+def split_out(source: str, test: str) -> str:
+    """The test module without the function `test` (the pull request moves it to its own file)."""
+    start = source.index(f"def {test}(")
+    end = source.find("\n\n\ndef ", start)
+    return source[:start] + (source[end + 3:] if end != -1 else "")
+
+
 def make_repo(tmp_path, flip_message="Make model runner v2 the default", after=("notes", "more notes"),
               pull_request=True):
     """A copy of the project on the legacy default, then the flip, then unrelated commits."""
@@ -92,6 +99,7 @@ def make_repo(tmp_path, flip_message="Make model runner v2 the default", after=(
     if pull_request:
         extra = {MRV2: "# Opt-in MRV2: the default runs v2 now too; this keeps v2 if the default moves back.\n"
                        + (repo / MRV2).read_text(),
+                 SPLIT_FROM: split_out((repo / SPLIT_FROM).read_text(), "test_default_profile_runner_per_platform"),
                  SPLIT_TEST: SPLIT_TEST_TEXT,
                  DOCS: "# Model runner V2\n\nV2 is now the default runner of the TTS profile.\n"}
     shas["flip"] = commit(repo, flip_message, extra)
@@ -172,8 +180,8 @@ def test_motivating_pull_request_is_rolled_back_once(tmp_path, capsys):
     assert f"Rollback-Of: {s['flip']}" in message and "Rollback-Evidence: tts-base" in message and "#2" in message
     assert "model_runner 'v2' -> 'v1'" in message and "stages.0.max_num_batched_tokens 512 -> 2048" in message
     review = message.split(REVIEW)[1].split("\n\n")[0]
-    assert sorted(l[2:] for l in review.strip().splitlines()) == sorted([DOCS, MRV2, SPLIT_TEST])
-    for path in (DOCS, SPLIT_TEST):
+    assert sorted(l[2:] for l in review.strip().splitlines()) == sorted([DOCS, MRV2, SPLIT_FROM, SPLIT_TEST])
+    for path in (DOCS, SPLIT_FROM, SPLIT_TEST):
         assert git(repo, "show", f"{branch}:{path}") == git(repo, "show", f"{s['flip']}:{path}")
 
     # the CustomVoice lane is red for the same culprit: its evidence joins the same branch

@@ -22,19 +22,10 @@ def offline_engine(cell, platform, profile_name):
 
 
 @pytest.fixture(scope="session")
-def shipped_engine(platform, profile_name, pytestconfig):
+def shipped_engine(shipped):
     """The lane's profile exactly as shipped (only the test watchdog and the lane's backend set):
     its own runner, graphs and handoff, the cell a default flip changes."""
-    backend = pytestconfig.getoption("backend")
-    profile = resolve(profile_name, platform=platform,
-                      overrides=TEST_WATCHDOG + ([f"backend={backend}"] if backend != "torch" else []))
-    if backend == "vllm":
-        from engine.vllm_talker import unsupported
-
-        reason = unsupported(profile)
-        if reason:
-            pytest.skip(reason)
-    with TTSEngine(profile) as engine:
+    with TTSEngine(shipped) as engine:
         yield engine
 
 
