@@ -245,8 +245,8 @@ def decide(builds: list[Build], lane: Lane, repo: Path, min_red: int = 2, audit:
         return d
     d.keys = {k: v for k, v in changed.items() if not keys or k in keys}
     touched = git(repo, "diff-tree", "--no-commit-id", "--name-only", "-r", "--no-renames", culprit).split()
-    kept = set(chain_files(repo, lane.profile)) | {PINS}
-    d.others = [t for t in touched if t not in kept]
+    chain = set(chain_files(repo, lane.profile))
+    d.others = [t for t in touched if t != PINS and (t not in chain or _left_over(repo, culprit, t, set(d.keys)))]
     d.branch = branch_name(repo, culprit)
     if "<invalid>" in d.keys:
         d.reason = "the profile did not resolve on one side of the culprit; reporting only"
@@ -281,13 +281,12 @@ def decide(builds: list[Build], lane: Lane, repo: Path, min_red: int = 2, audit:
 
 # ------------------------------------------------------------------ edits
 
-def restore(repo: Path, worktree: Path, culprit: str, file: str, keys: set[str]) -> list[str]:
-    """Set each path of `file` that the culprit changed, and that sets one of `keys`, back to its parent value."""
+def _undo(repo: Path, culprit: str, file: str, keys: set[str], doc: ProfileDoc) -> list[str]:
+    """Set each path of `doc` that the culprit changed in `file`, and that sets one of `keys`, back
+    to its value before the culprit; returns what it did."""
     show = lambda rev: git(repo, "show", f"{rev}:{file}", check=False)
     before = ProfileDoc.load(file, show(f"{culprit}^") or "{}").flat()
     after = ProfileDoc.load(file, show(culprit) or "{}").flat()
-    target = worktree / file
-    doc = ProfileDoc.load(target)
     done = []
     for path, (old, new) in diff(before, after).items():
         if platform_key(path) not in keys:
@@ -297,6 +296,20 @@ def restore(repo: Path, worktree: Path, culprit: str, file: str, keys: set[str])
         else:
             doc.set(path, old)
         done.append(f"{file}: {path}: {new!r} -> {old!r}")
+    return done
+
+
+def _left_over(repo: Path, culprit: str, file: str, keys: set[str]) -> bool:
+    """Whether the culprit changed more in `file` than the keys a rollback restores (a comment, another key)."""
+    doc = ProfileDoc.load(file, git(repo, "show", f"{culprit}:{file}", check=False) or "{}")
+    _undo(repo, culprit, file, keys, doc)
+    return doc.dump() != git(repo, "show", f"{culprit}^:{file}", check=False)
+
+
+def restore(repo: Path, worktree: Path, culprit: str, file: str, keys: set[str]) -> list[str]:
+    """Undo the culprit's edits of `keys` in the worktree's `file`, comments and all else kept."""
+    doc = ProfileDoc.load(worktree / file)
+    done = _undo(repo, culprit, file, keys, doc)
     if done:
         doc.save()
     return done

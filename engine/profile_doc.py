@@ -101,13 +101,13 @@ def unflatten(flat: Mapping[str, Any]) -> dict:
     for path, value in flat.items():
         node, parts = tree, path.split(".")
         for i, part in enumerate(parts[:-1]):
-            if i > 0 and parts[i - 1] == "stages":
+            if i > 0 and parts[i - 1] == "stages" and part.isdigit():
                 part = int(part)
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ProfileError(f"{'.'.join(parts[:i + 1])} is not a mapping", key=path)
         last = parts[-1]
-        if len(parts) > 1 and parts[-2] == "stages":
+        if len(parts) > 1 and parts[-2] == "stages" and last.isdigit():
             last = int(last)
         if isinstance(value, dict) and not value:
             node.setdefault(last, {})
@@ -119,7 +119,7 @@ def unflatten(flat: Mapping[str, Any]) -> dict:
             return node
         out = {}
         for k, v in node.items():
-            if k == "stages" and isinstance(v, dict):
+            if k == "stages" and isinstance(v, dict) and all(isinstance(sid, int) for sid in v):
                 out[k] = [{"stage_id": sid, **{kk: lists(vv) for kk, vv in v[sid].items() if kk != "stage_id"}}
                           for sid in sorted(v)]
             else:

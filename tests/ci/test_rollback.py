@@ -214,6 +214,7 @@ def test_keys_narrows_the_rollback(tmp_path, capsys):
     assert pinned(repo, branch, "qwen3_tts", "model_runner") == "v1"
     message = git(repo, "log", "-1", "--format=%B", branch)
     assert "regenerated for qwen3_tts\n" in message and "regenerated for qwen3_tts_mrv2" not in message
+    assert f"- {PROFILE}\n" in message.split(REVIEW)[1]    # the prefill bound the culprit set is still there
     code, out = rollback(capsys, repo, hist, "--keys", "stages.0.max_num_seqs")
     assert "no action: --keys stages.0.max_num_seqs: not a default the culprit changed" in out.out
 

@@ -76,6 +76,8 @@ def test_missing_profile(capsys):
     ("stages.7.max_num_seqs=1", "no stage 7"),
     ("model_runner=v9", "model_runner: Input should be 'v1' or 'v2'"),
     ("platforms.cpu.model_runner=v1", "cannot be overridden"),
+    ("watchdog.stages.x=1", "watchdog.stages: unknown key"),
+    ("stages.1.max_num_seqs=4", "stages.1.max_num_seqs: unknown key"),   # code2wav has no batch to size
 ])
 def test_malformed_set(override, message, capsys):
     assert main(["profile", "show", "qwen3_tts", "--platform", "cpu", "--set", override]) == 2
