@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from engine.config import BACKENDS, PLATFORMS, ProfileError, check_file, dump_yaml, resolve
@@ -122,8 +123,18 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lanekeeper")
+    except PackageNotFoundError:   # run from a checkout that was never installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lanekeeper", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     profile = sub.add_parser("profile", help="resolve and validate deploy profiles")
@@ -151,8 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="serve the OpenAI-compatible speech API")
     _profile_args(serve)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=_port, default=8000)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    serve.add_argument("--port", type=_port, default=8000, help="port to listen on (default: %(default)s)")
     serve.add_argument("--allowed-local-media-path", metavar="DIR",
                        help="directory that file:// ref_audio paths may read from")
     serve.set_defaults(func=cmd_serve)
@@ -166,7 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from ci import ci_api
+
     try:
+        if hasattr(args, "api_deadline"):   # one deadline for all of this command's API calls
+            ci_api.set_deadline(args.api_deadline)
         return args.func(args)
     except (ProfileError, UsageError, RequestError, FaultSpecError, LaneError, JunitError, CIAPIError,
             HistoryError, RollbackError) as e:
@@ -177,6 +192,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`lanekeeper ... | head`): stop quietly, and keep Python's exit-time
+        # flush of stdout from raising again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

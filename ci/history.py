@@ -153,11 +153,11 @@ def from_github(repo: str, workflow: str, branch: str = "main") -> list[Build]:
     if repo.count("/") != 1:
         raise HistoryError(f"--github expects OWNER/REPO, got {repo!r}")
     root = ci_api._root("github")
-    runs = ci_api.get_json("github", f"{root}/repos/{repo}/actions/workflows/{quote(workflow)}/runs"
-                                     f"?branch={quote(branch)}&per_page=50").get("workflow_runs", [])
+    runs = ci_api.paged("github", f"{root}/repos/{repo}/actions/workflows/{quote(workflow)}/runs"
+                                  f"?branch={quote(branch)}", key="workflow_runs", pages=1)
     builds = []
     for run in runs:
-        jobs = ci_api.get_json("github", f"{root}/repos/{repo}/actions/runs/{run['id']}/jobs?filter=all").get("jobs", [])
+        jobs = ci_api.paged("github", f"{root}/repos/{repo}/actions/runs/{run['id']}/jobs?filter=all", key="jobs")
         lanes: dict[str, list[LaneResult]] = {}
         for job in jobs:
             lanes.setdefault(job["name"], []).append(

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from ci import ci_api, junit, lanes, pipelines, run_lane
@@ -77,7 +76,7 @@ def cmd_repro(args) -> int:
     base = lane or lanes.Lane(key="repro", label="repro", trigger="per_commit", paths=["tests"],
                               timeout=300, budget=3600)
     adhoc = base.model_copy(update={"paths": ids, "markers": None, "keyword": None})
-    artifacts = args.artifacts or tempfile.mkdtemp(prefix="lanekeeper-repro-")
+    artifacts = args.artifacts or "artifacts/repro"
     return run_lane.run(adhoc, artifacts, args.platform, args.dry_run)
 
 
@@ -217,25 +216,43 @@ def _at_least_one(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def _api_deadline(p) -> None:
+    p.add_argument("--api-deadline", type=_seconds, metavar="SECONDS",
+                   help="give up on the CI API after this long, retries included "
+                        "(default: LANEKEEPER_API_DEADLINE or 60)")
+
+
 def add_parsers(sub) -> None:
     def lanes_file(p):
         p.add_argument("--lanes-file", default=str(lanes.LANES_FILE), help="lanes file (default: ci/lanes.yaml)")
 
     p = sub.add_parser("lanes", help="list the CI lanes")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print every lane's settings as JSON")
     lanes_file(p)
     p.set_defaults(func=cmd_lanes)
 
     p = sub.add_parser("run", help="run a lane locally exactly as CI does")
     p.add_argument("lane", help="lane key or label")
-    p.add_argument("--platform", choices=("cpu", "cuda"))
+    p.add_argument("--platform", choices=("cpu", "cuda"), help="platform to resolve profiles for (default: the lane's)")
     p.add_argument("--artifacts", help="directory for JUnit XML and reports (default: artifacts/KEY)")
     p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     lanes_file(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("pipeline", help="print the generated CI pipeline")
-    p.add_argument("kind", choices=("buildkite", "github"))
+    p.add_argument("kind", choices=("buildkite", "github"), help="which CI system's pipeline to print")
     p.add_argument("--changed-files", help="file listing changed paths; unmatched lanes become block steps")
     p.add_argument("--workflow", choices=("lanes", "rollback"), default="lanes",
                    help="github: the lanes workflow or the rollback workflow")
@@ -243,20 +260,21 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=cmd_pipeline)
 
     p = sub.add_parser("report", help="matrix table from JUnit files")
-    p.add_argument("--junit", nargs="+", required=True)
-    p.add_argument("--format", choices=("markdown", "json"), default="markdown")
+    p.add_argument("--junit", nargs="+", required=True, help="JUnit XML files of one or more lane runs")
+    p.add_argument("--format", choices=("markdown", "json"), default="markdown", help="default: %(default)s")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("rollback", help="roll back a profile default that turned a merge-only lane red")
     p.add_argument("--lane", required=True, help="lane key or label")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--history", help="lane history file (JSON; see README)")
-    src.add_argument("--buildkite", metavar="ORG/PIPELINE")
-    src.add_argument("--github", metavar="OWNER/REPO")
+    src.add_argument("--buildkite", metavar="ORG/PIPELINE", help="read the history from Buildkite builds of main")
+    src.add_argument("--github", metavar="OWNER/REPO", help="read the history from GitHub workflow runs on main")
     p.add_argument("--workflow", help="GitHub workflow file or id (with --github)")
     p.add_argument("--repo", default=".", help="git repository (default: .)")
     p.add_argument("--apply", action="store_true", help="create the rollback branch and commit (default: dry run)")
-    p.add_argument("--verify", choices=("config", "lane", "none"), default="config")
+    p.add_argument("--verify", choices=("config", "lane", "none"), default="config",
+                   help="run tests/config or the lane on the rollback commit before keeping it (default: %(default)s)")
     p.add_argument("--min-red", type=_at_least_one, default=2,
                    help="red builds on distinct commits needed (default: 2)")
     p.add_argument("--keys", metavar="KEY[,KEY...]",
@@ -264,6 +282,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--push", metavar="REMOTE", help="push the branch there (its branches count as existing rollbacks)")
     p.add_argument("--open-pr", action="store_true",
                    help="open a pull request, or comment on the rollback's open one (GitHub)")
+    _api_deadline(p)
     lanes_file(p)
     p.set_defaults(func=cmd_rollback)
 
@@ -271,24 +290,25 @@ def add_parsers(sub) -> None:
     hsub = p.add_subparsers(dest="history_command", required=True)
     p = hsub.add_parser("add", help="record a lane run's JUnit result as a build")
     p.add_argument("history", help="history file (created when missing)")
-    p.add_argument("--lane", required=True)
-    p.add_argument("--junit", required=True)
-    p.add_argument("--commit", required=True)
-    p.add_argument("--number", type=int)
-    p.add_argument("--branch", default="main")
-    p.add_argument("--url")
+    p.add_argument("--lane", required=True, help="lane key or label the run was")
+    p.add_argument("--junit", required=True, help="the run's JUnit XML file")
+    p.add_argument("--commit", required=True, help="commit the run tested")
+    p.add_argument("--number", type=int, help="build number (default: the last one + 1)")
+    p.add_argument("--branch", default="main", help="default: %(default)s")
+    p.add_argument("--url", help="link to the build")
     lanes_file(p)
     p.set_defaults(func=cmd_history_add)
 
     p = sub.add_parser("repro", help="re-run the failed tests of a CI run")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--junit", help="JUnit XML file of the run")
-    src.add_argument("--buildkite", metavar="BUILD_URL")
-    src.add_argument("--github", metavar="RUN_URL")
+    src.add_argument("--buildkite", metavar="BUILD_URL", help="a Buildkite build: its JUnit artifacts")
+    src.add_argument("--github", metavar="RUN_URL", help="a GitHub Actions run: its JUnit artifacts")
     p.add_argument("--job", help="only this job (Buildkite label) or artifact (GitHub)")
     p.add_argument("--lane", help="lane whose env and timeouts to use (default: the JUnit suite's lane)")
-    p.add_argument("--platform", choices=("cpu", "cuda"))
-    p.add_argument("--artifacts")
-    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--platform", choices=("cpu", "cuda"), help="platform to resolve profiles for (default: the lane's)")
+    p.add_argument("--artifacts", help="directory for the re-run's JUnit XML and reports (default: artifacts/repro)")
+    p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    _api_deadline(p)
     lanes_file(p)
     p.set_defaults(func=cmd_repro)

@@ -23,6 +23,7 @@ Hooks, in the order a test meets them
                            the test errors
   pytest_terminal_summary  the matrix (cell x task: passed / failed / stalled / skipped and why), printed
                            and written as Markdown for CI annotations
+  pytest_sessionfinish     a run whose every test was skipped is red: it ran nothing it claims to
 """
 from __future__ import annotations
 
@@ -434,6 +435,10 @@ def matrix_markdown(lane: Lane) -> str:
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     lane = config.stash[LANE]
+    skipped_all = only_skips(lane)
+    if skipped_all:
+        terminalreporter.write_line("lanekeeper: every selected test was skipped, so this run is red: "
+                                    + "; ".join(skipped_all), red=True)
     text = matrix_markdown(lane)
     if text:
         terminalreporter.section("lanekeeper matrix")
@@ -445,8 +450,19 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             terminalreporter.write_line(f"stall report: {lane.report_dir / 'stall-report.md'}")
 
 
+def only_skips(lane: Lane) -> list[str] | None:
+    """The skip reasons when every test of the run was skipped (a lane that ran nothing of what it
+    claims, e.g. --backend vllm where vLLM does not import), else None."""
+    totals = {k: sum(o[k] for o in lane.outcomes.values()) for k in ("passed", "failed", "stalled", "skipped")}
+    if not totals["skipped"] or totals["passed"] or totals["failed"] or totals["stalled"]:
+        return None
+    return sorted({why for o in lane.outcomes.values() for why in o["why"]})
+
+
 def pytest_sessionfinish(session, exitstatus):
     lane = session.config.stash[LANE]
     if lane.budget_hit:   # red, and distinct from an interrupt or a CI job timeout
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if exitstatus == pytest.ExitCode.OK and only_skips(lane):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     shutil.rmtree(lane.stack_dir, ignore_errors=True)

@@ -1,6 +1,9 @@
-"""A CI API (Buildkite- or GitHub-shaped) served from 127.0.0.1 for the tests of its clients."""
+"""CI APIs (Buildkite- or GitHub-shaped) and an object store, served from 127.0.0.1 for the tests of
+their clients."""
 import json
 import threading
+import time
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -8,35 +11,60 @@ import pytest
 TOKEN = "s3cr3t-token-value"
 
 
+@dataclass
+class Reply:
+    """A whole answer: a status, headers, and a body that may trickle in a byte at a time."""
+    status: int = 200
+    headers: dict = field(default_factory=dict)
+    body: bytes = b""
+    trickle: float = 0.0     # seconds between bytes
+
+
 class Routes(dict):
-    """path -> body (bytes, JSON-able, or a callable taking (query, payload)); POSTs are kept in `posts`."""
+    """path (or "METHOD path") -> body (bytes, JSON-able, a Reply, or a callable taking (query, payload)).
+    Every request is kept in `seen` as (method, path, headers); POST payloads also in `posts`."""
 
-    def __init__(self):
+    def __init__(self, auth: bool = True, refuse_auth: bool = False):
         super().__init__()
+        self.auth, self.refuse_auth = auth, refuse_auth
         self.posts: list[tuple[str, dict]] = []
+        self.seen: list[tuple[str, str, dict]] = []
 
 
-@pytest.fixture
-def api():
-    routes = Routes()
-
+def serve(routes: Routes):
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
         def _answer(self, payload=None):
-            if self.headers.get("Authorization") != f"Bearer {TOKEN}":
-                self.send_response(401)
-                self.end_headers()
-                return
+            routes.seen.append((self.command, self.path, dict(self.headers)))
             path, _, query = self.path.partition("?")
             body = routes.get(f"{self.command} {path}", routes.get(path))
+            if routes.auth and self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                body = Reply(401)
+            if routes.refuse_auth and "Authorization" in self.headers:
+                body = Reply(400, body=b"Only one auth mechanism allowed")
             if callable(body):
                 body = body(query, payload)
             if body is None:
-                self.send_response(404)
-                self.end_headers()
-                return
-            self.send_response(201 if self.command == "POST" else 200)
+                body = Reply(404)
+            if not isinstance(body, Reply):
+                body = Reply(201 if self.command == "POST" else 200,
+                             body=body if isinstance(body, bytes) else json.dumps(body).encode())
+            self.send_response(body.status)
+            for name, value in body.headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(body.body)))
             self.end_headers()
-            self.wfile.write(body if isinstance(body, bytes) else json.dumps(body).encode())
+            try:
+                if body.trickle:
+                    for i in range(len(body.body)):
+                        self.wfile.write(body.body[i:i + 1])
+                        self.wfile.flush()
+                        time.sleep(body.trickle)
+                else:
+                    self.wfile.write(body.body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
 
         def do_GET(self):
             self._answer()
@@ -50,8 +78,26 @@ def api():
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_port}"
+    return server, f"http://127.0.0.1:{server.server_port}"
+
+
+@pytest.fixture
+def api():
+    routes = Routes()
+    server, base = serve(routes)
+    yield base, routes
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def object_store():
+    """A second host, like the object store artifact downloads redirect to: it refuses any request
+    that carries an Authorization header, as S3 does with a pre-signed URL."""
+    routes = Routes(auth=False, refuse_auth=True)
+    server, base = serve(routes)
     yield base, routes
     server.shutdown()
     server.server_close()

@@ -13,7 +13,7 @@ from ruamel.yaml import YAML
 
 from ci import lanes, pipelines
 from ci.cli import main
-from tests.ci.conftest import TOKEN
+from tests.ci.conftest import TOKEN, Reply
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILDKITE_FILE = ROOT / ".buildkite/pipeline.yml"
@@ -305,13 +305,22 @@ def _failed_junit():
                          'time="0.1">\n  <error message="error">setup failed</error></testcase>', "").encode()
 
 
-def test_repro_from_buildkite(api, tmp_path):
+def _never_saw_the_token(store_routes):
+    assert store_routes.seen, "the object store was never asked"
+    for _, _, headers in store_routes.seen:
+        assert "Authorization" not in headers and TOKEN not in json.dumps(headers), headers
+
+
+def test_repro_from_buildkite(api, object_store, tmp_path):
+    """Artifact downloads answer 302 to an object store that refuses a second auth mechanism."""
     base, routes = api
+    store, store_routes = object_store
     build = "/organizations/acme/pipelines/tts/builds/42"
     routes[build] = {"number": 42, "jobs": [{"id": "j1", "name": "Config · Deploy profiles", "state": "failed"},
                                            {"id": "j2", "name": "Engine · Unit", "state": "passed"}]}
     routes[f"{build}/jobs/j1/artifacts"] = [{"path": "artifacts/config/junit.xml", "download_url": f"{base}/dl/1"}]
-    routes["/dl/1"] = _failed_junit()
+    routes["/dl/1"] = Reply(302, headers={"Location": f"{store}/bucket/junit.xml?X-Amz-Signature=abc"})
+    store_routes["/bucket/junit.xml"] = _failed_junit()
     env = {"LANEKEEPER_BUILDKITE_API": base, "BUILDKITE_API_TOKEN": TOKEN}
     run = _cli("repro", "--buildkite", "https://buildkite.com/acme/tts/builds/42", "--job", "Config · Deploy profiles",
                "--dry-run", env=env)
@@ -321,21 +330,25 @@ def test_repro_from_buildkite(api, tmp_path):
                env={**env, "BUILDKITE_API_TOKEN": "wrong-token"})
     assert bad.returncode == 2 and "refused the token (HTTP 401)" in bad.stderr
     assert "wrong-token" not in bad.stdout + bad.stderr and TOKEN not in run.stdout + run.stderr
+    _never_saw_the_token(store_routes)
 
 
-def test_repro_from_github(api, tmp_path):
+def test_repro_from_github(api, object_store, tmp_path):
     base, routes = api
+    store, store_routes = object_store
     blob = io.BytesIO()
     with zipfile.ZipFile(blob, "w") as z:
         z.writestr("junit.xml", _failed_junit())
     routes["/repos/acme/tts/actions/runs/7/artifacts"] = {"artifacts": [
         {"name": "config", "archive_download_url": f"{base}/zip/1"}]}
-    routes["/zip/1"] = blob.getvalue()
+    routes["/zip/1"] = Reply(302, headers={"Location": f"{store}/blob/1?sig=xyz"})
+    store_routes["/blob/1"] = blob.getvalue()
     env = {"LANEKEEPER_GITHUB_API": base, "GITHUB_TOKEN": TOKEN}
     run = _cli("repro", "--github", "https://github.com/acme/tts/actions/runs/7", "--dry-run", env=env)
     assert run.returncode == 0, run.stderr
     assert "reproducing 2 failed test(s)" in run.stdout
     assert TOKEN not in run.stdout + run.stderr
+    _never_saw_the_token(store_routes)
 
 
 def test_unreachable_api_and_missing_token(capsys, monkeypatch):
