@@ -1,6 +1,7 @@
 """`lanekeeper lanes | run | pipeline | report | repro`."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -27,19 +28,33 @@ def cmd_run(args) -> int:
 
 
 def cmd_pipeline(args) -> int:
+    kind = args.kind
+    if kind == "buildkite-bootstrap":
+        sys.stdout.write(pipelines.dump(pipelines.buildkite_bootstrap(), kind))
+        return 0
+    if kind == "github":
+        data = pipelines.github_rollback if args.workflow == "rollback" else pipelines.github
+        suffix = " --workflow rollback" if args.workflow == "rollback" else ""
+        sys.stdout.write(pipelines.dump(data(lanes.load(args.lanes_file)), f"github{suffix}"))
+        return 0
     all_lanes = lanes.load(args.lanes_file)
-    if args.kind == "buildkite":
-        changed = None
-        if args.changed_files:
-            try:
-                changed = [l.strip() for l in Path(args.changed_files).read_text().splitlines() if l.strip()]
-            except OSError as e:
-                raise lanes.LaneError(f"--changed-files {args.changed_files}: {e.strerror}") from None
-        sys.stdout.write(pipelines.dump(pipelines.buildkite(all_lanes, changed), "buildkite"))
-    elif args.workflow == "rollback":
-        sys.stdout.write(pipelines.dump(pipelines.github_rollback(all_lanes), "github --workflow rollback"))
+    changed = None
+    if args.changed_files:
+        try:
+            changed = tuple(l.strip() for l in Path(args.changed_files).read_text().splitlines() if l.strip())
+        except OSError as e:
+            raise lanes.LaneError(f"--changed-files {args.changed_files}: {e.strerror}") from None
+    elif args.changed_since:
+        changed = pipelines.changed_since(args.changed_since)
+    build = (pipelines.buildkite_build if kind == "buildkite" else pipelines.github_build)(changed)
+    overrides = {k: v for k, v in (("event", args.event), ("branch", args.branch)) if v is not None}
+    if args.labels is not None:
+        overrides["labels"] = frozenset(l.strip() for l in args.labels.split(",") if l.strip())
+    build = dataclasses.replace(build, **overrides)
+    if kind == "buildkite":
+        sys.stdout.write(pipelines.dump(pipelines.buildkite(all_lanes, build), "buildkite"))
     else:
-        sys.stdout.write(pipelines.dump(pipelines.github(all_lanes), "github"))
+        sys.stdout.write(pipelines.github_output(pipelines.github_lanes(all_lanes, build)))
     return 0
 
 
@@ -251,9 +266,19 @@ def add_parsers(sub) -> None:
     lanes_file(p)
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("pipeline", help="print the generated CI pipeline")
-    p.add_argument("kind", choices=("buildkite", "github"), help="which CI system's pipeline to print")
-    p.add_argument("--changed-files", help="file listing changed paths; unmatched lanes become block steps")
+    p = sub.add_parser("pipeline", help="print a generated CI pipeline, or this build's lanes")
+    p.add_argument("kind", choices=("buildkite-bootstrap", "buildkite", "github", "github-lanes"),
+                   help="buildkite-bootstrap: the committed Buildkite pipeline; buildkite: the steps this build "
+                        "uploads; github: the committed workflow; github-lanes: this run's lane matrix "
+                        "(GITHUB_OUTPUT lines)")
+    changes = p.add_mutually_exclusive_group()
+    changes.add_argument("--changed-files", help="file listing the changed paths, one a line")
+    changes.add_argument("--changed-since", metavar="REF", help="the paths changed since the merge base with REF")
+    p.add_argument("--event", choices=("push", "pull_request", "schedule", "manual"),
+                   help="what started the build (default: from the CI's variables)")
+    p.add_argument("--branch", help="the build's branch (default: from the CI's variables)")
+    p.add_argument("--labels", metavar="L1,L2", help=f"the pull request's labels ({pipelines.MERGE_LABEL} runs "
+                                                      "merge-only lanes; default: from the CI's variables)")
     p.add_argument("--workflow", choices=("lanes", "rollback"), default="lanes",
                    help="github: the lanes workflow or the rollback workflow")
     lanes_file(p)

