@@ -190,8 +190,6 @@ def main(argv: list[str] | None = None) -> int:
     except EngineError as e:
         print(f"lanekeeper: engine failed: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        return 130
     except BrokenPipeError:
         # The reader went away (`lanekeeper ... | head`): stop quietly, and keep Python's exit-time
         # flush of stdout from raising again.
@@ -199,5 +197,15 @@ def main(argv: list[str] | None = None) -> int:
         return 141
 
 
+def entry() -> int:
+    """The `lanekeeper` program.  Only here does ^C or SIGTERM become exit status 130: `main()` lets
+    KeyboardInterrupt through, so a caller in the same process (a test, the pytest plugin turning
+    SIGTERM into an interrupt) sees its own interrupt instead of a return value."""
+    try:
+        return main()
+    except KeyboardInterrupt:
+        return 130
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -219,7 +219,17 @@ def pytest_runtest_protocol(item, nextitem):
         timeout = max(1.0, min(timeout, left))
     item.add_marker(pytest.mark.timeout(timeout, method="signal"))
     item.stash[STARTED] = time.time()
-    return (yield)
+    try:
+        return (yield)
+    except KeyboardInterrupt as e:
+        # ^C or SIGTERM mid-test: the test it cut short still gets a JUnit record, an error that says so
+        # (pytest's JUnit writer records only phases that finished).
+        from _pytest.reports import TestReport
+
+        item.ihook.pytest_runtest_logreport(report=TestReport(
+            item.nodeid, item.location, {k: 1 for k in item.keywords}, "failed",
+            f"interrupted: {e or 'KeyboardInterrupt'}; the run stopped here and still wrote its reports", "call"))
+        raise
 
 
 STARTED = pytest.StashKey[float]()

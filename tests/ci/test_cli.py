@@ -42,3 +42,72 @@ def test_a_reader_that_goes_away_gets_no_traceback():
         err = proc.stderr.read().decode()
         proc.stderr.close()
         assert proc.wait(timeout=60) == 141 and "Traceback" not in err, err
+
+
+def test_main_lets_an_interrupt_through(monkeypatch):
+    """In-process callers (tests, the plugin's SIGTERM) see their interrupt; only the program maps it to 130."""
+    import pytest
+
+    from ci import cli, lane_commands
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lane_commands, "cmd_lanes", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["lanes"])
+    monkeypatch.setattr(sys, "argv", ["lanekeeper", "lanes"])
+    assert cli.entry() == 130
+
+
+def test_sigterm_to_a_running_lane_leaves_junit_and_its_own_status(tmp_path):
+    """A cancelled CI job: SIGTERM mid-test, then the lane has 10 s before SIGKILL. It needs far less."""
+    import signal
+    import time
+    import xml.etree.ElementTree as ET
+
+    import psutil
+
+    lanes_file = tmp_path / "lanes.yaml"
+    lanes_file.write_text("""\
+lanes:
+  - key: long
+    label: "long"
+    trigger: merge_only
+    paths: [tests/e2e/offline/test_custom_voice.py]
+    markers: merge_only
+    keyword: "batch_of_32 or streaming_equals"
+    timeout: 120
+    budget: 600
+""")
+    art = tmp_path / "art"
+    proc = subprocess.Popen([sys.executable, "-m", "ci.cli", "run", "long", "--lanes-file", str(lanes_file),
+                             "--artifacts", str(art)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        lane = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:   # wait for an engine's stages to be up
+            stages = [p for p in lane.children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
+            if len(stages) >= 2:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the lane ended before its engine started"
+        tree = lane.children(recursive=True)
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        output = proc.stdout.read().decode(errors="replace")
+        proc.stdout.close()
+    assert elapsed < 8, output[-3000:]
+    assert code == 2, output[-3000:]                   # pytest's own "interrupted", not a signal death
+    cases = list(ET.parse(art / "junit.xml").getroot().iter("testcase"))
+    assert cases, "the JUnit file has no test cases"
+    cut = [c for c in cases if c.find("failure") is not None or c.find("error") is not None]
+    assert len(cut) == 1 and "interrupted: received signal 15" in ET.tostring(cut[0], encoding="unicode")
+    assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
