@@ -1,4 +1,9 @@
-"""JUnit files from CI runs: which tests failed, and the matrix table with stall diagnoses."""
+"""Test results as one summary: which tests failed and why, and the matrix table with stall diagnoses.
+
+The pytest plugin (matrix-summary.md, the terminal) and `lanekeeper report` (the Buildkite
+annotation, the GitHub step summary, from JUnit files) both build `Case` records and render them
+with `summarize` and `render` here, so every place shows the same counts in the same words.
+"""
 from __future__ import annotations
 
 import json
@@ -37,6 +42,18 @@ class Case:
     def mode(self) -> str:
         return "online" if ".online." in f".{self.classname}." else "offline"
 
+    @classmethod
+    def from_nodeid(cls, nodeid: str, status: str, message: str, suite: str = "") -> "Case":
+        """A test's result as pytest's JUnit writer records it (classname: the module path, dotted)."""
+        path, _, name = nodeid.partition("::")
+        *classes, name = name.split("::")
+        classname = ".".join([path.removesuffix(".py").replace("/", "."), *classes])
+        return cls(classname, name, status, message, suite)
+
+    @property
+    def test(self) -> str:
+        return f"{self.classname}::{self.name}"
+
 
 def parse(path: str | Path, data: bytes | None = None) -> list[Case]:
     try:
@@ -74,43 +91,76 @@ def failed_ids(cases: list[Case], root: Path) -> list[str]:
     return ids
 
 
-def matrix(cases: list[Case]) -> list[dict]:
-    rows: dict[tuple, dict] = defaultdict(lambda: {"passed": 0, "failed": 0, "stalled": 0, "skipped": 0,
-                                                   "diagnoses": []})
+DICT_MESSAGE_RE = re.compile(r"""['"]message['"]:\s*['"]((?:StageHandoffStall|StageStall|StageDied|StageCrashed)[^'"]*)""")
+
+
+def diagnosis(case: Case) -> str | None:
+    """A failed test's stall diagnosis in words (kind, stage, request, cell), if it has one."""
+    if case.status not in ("failed", "error"):
+        return None
+    found = DICT_MESSAGE_RE.search(case.message) or DIAGNOSIS_RE.search(case.message)
+    return (found.group(1) if found.re is DICT_MESSAGE_RE else found.group(0))[:240] if found else None
+
+
+def _first_line(message: str) -> str:
+    return next((l.strip() for l in message.splitlines() if l.strip()), "")[:200]
+
+
+def summarize(cases: list[Case]) -> dict:
+    """Totals, the matrix rows (cell x task, with skip reasons and diagnoses), and every failed test."""
+    totals = {"passed": 0, "failed": 0, "stalled": 0, "skipped": 0}
+    rows: dict[tuple, dict] = defaultdict(lambda: {"passed": 0, "failed": 0, "stalled": 0, "skipped": 0, "why": []})
+    failures = []
     for case in cases:
+        words = diagnosis(case)
+        kind = {"passed": "passed", "skipped": "skipped"}.get(case.status, "stalled" if words else "failed")
+        totals[kind] += 1
+        why = words or (f"skipped: {_first_line(case.message)}" if kind == "skipped" else
+                        _first_line(case.message) if kind == "failed" else None)
+        if kind in ("failed", "stalled"):
+            failures.append({"test": case.test, "status": kind, "why": why or case.status})
         cell = cell_in(case.name)
         if cell is None:
             continue
-        row = rows[(case.mode, cell, task_of(f"{case.classname}::{case.name}"))]
-        found = DIAGNOSIS_RE.search(case.message) if case.status in ("failed", "error") else None
-        if case.status == "passed":
-            row["passed"] += 1
-        elif case.status == "skipped":
-            row["skipped"] += 1
-        elif found:
-            row["stalled"] += 1
-            if found.group(0)[:160] not in row["diagnoses"]:
-                row["diagnoses"].append(found.group(0)[:160])
-        else:
-            row["failed"] += 1
+        row = rows[(case.mode, cell, task_of(case.test))]
+        row[kind] += 1
+        if why and why not in row["why"]:
+            row["why"].append(why)
     out = []
     for (mode, cell, task), row in sorted(rows.items()):
         c = Cell.from_id(cell)
         out.append({"mode": mode, "cell": cell, "backend": c.backend, "runner": c.runner,
                     "cuda_graph": "cuda_graph" if c.cuda_graph == "on" else "no_cuda_graph", "handoff": c.handoff,
                     "task": task, **row})
-    return out
+    return {"totals": totals, "rows": out, "failures": failures}
 
 
-def render(rows: list[dict], fmt: str) -> str:
+def red(summary: dict) -> bool:
+    return bool(summary["totals"]["failed"] or summary["totals"]["stalled"])
+
+
+def annotation_style(summary: dict) -> str:
+    """Buildkite's annotation style for it: error when red, success when green, info when nothing ran."""
+    if red(summary):
+        return "error"
+    return "success" if summary["totals"]["passed"] else "info"
+
+
+def render(summary: dict, fmt: str = "markdown", notes: list[str] = ()) -> str:
     if fmt == "json":
-        return json.dumps(rows, indent=2)
-    if not rows:
-        return "No matrix tests in these JUnit files.\n"
-    lines = ["| mode | backend | runner | graph | handoff | task | passed | failed | stalled | diagnosis |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
-        verdict = "; ".join(r["diagnoses"]).replace("|", "/")
-        lines.append(f"| {r['mode']} | {r['backend']} | {r['runner']} | {r['cuda_graph']} | {r['handoff']} | {r['task']} | "
-                     f"{r['passed']} | {r['failed']} | {r['stalled']} | {verdict} |")
+        return json.dumps({**summary, "notes": list(notes)}, indent=2)
+    t = summary["totals"]
+    lines = [f"**{'red' if red(summary) else 'green'}**: {t['passed']} passed, {t['failed']} failed, "
+             f"{t['stalled']} stalled, {t['skipped']} skipped"]
+    if summary["rows"]:
+        lines += ["", "| mode | backend | runner | graph | handoff | task | passed | failed | stalled | skipped | why |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in summary["rows"]:
+            why = "; ".join(r["why"]).replace("|", "/")
+            lines.append(f"| {r['mode']} | {r['backend']} | {r['runner']} | {r['cuda_graph']} | {r['handoff']} | "
+                         f"{r['task']} | {r['passed']} | {r['failed']} | {r['stalled']} | {r['skipped']} | {why} |")
+    if summary["failures"]:
+        lines += ["", "Failed tests:"]
+        lines += [f"- `{f['test']}` ({f['status']}): {f['why']}" for f in summary["failures"]]
+    lines += ["", *notes] if notes else []
     return "\n".join(lines) + "\n"

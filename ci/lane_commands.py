@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -60,7 +61,18 @@ def cmd_pipeline(args) -> int:
 
 def cmd_report(args) -> int:
     cases = [c for path in args.junit for c in junit.parse(path)]
-    sys.stdout.write(junit.render(junit.matrix(cases), args.format))
+    summary = junit.summarize(cases)
+    stall_reports = [Path(p).parent / "stall-report.md" for p in args.junit if (Path(p).parent / "stall-report.md").exists()]
+    if args.annotate:   # Buildkite serves uploaded artifacts at artifact:// links inside annotations
+        notes = [f"[stall report: {r.parent.name}](artifact://{r})" for r in stall_reports]
+        text = junit.render(summary, "markdown", notes)
+        run = subprocess.run(["buildkite-agent", "annotate", "--style", junit.annotation_style(summary),
+                              "--context", "lanekeeper-matrix"], input=text, text=True)
+        if run.returncode != 0:
+            raise junit.JunitError(f"buildkite-agent annotate failed with status {run.returncode}")
+        sys.stdout.write(text)
+        return 0
+    sys.stdout.write(junit.render(summary, args.format, [f"Stall report: {r}" for r in stall_reports]))
     return 0
 
 
@@ -287,6 +299,8 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("report", help="matrix table from JUnit files")
     p.add_argument("--junit", nargs="+", required=True, help="JUnit XML files of one or more lane runs")
     p.add_argument("--format", choices=("markdown", "json"), default="markdown", help="default: %(default)s")
+    p.add_argument("--annotate", action="store_true",
+                   help="also annotate the Buildkite build (style error when red, success when green)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("rollback", help="roll back a profile default that turned a merge-only lane red")

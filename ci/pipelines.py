@@ -174,8 +174,8 @@ def buildkite(lanes: list[Lane], build: Build) -> dict:
         "agents": {"queue": "cpu"},
         "timeout_in_minutes": 10,
         "command": (f"{TOOLS} && buildkite-agent artifact download 'artifacts/*/junit.xml' . && "
-                    "lanekeeper report --junit artifacts/*/junit.xml --format markdown"
-                    " | buildkite-agent annotate --style info --context lanekeeper-matrix"),
+                    "(buildkite-agent artifact download 'artifacts/*/stall-report.md' . || true) && "
+                    "lanekeeper report --junit artifacts/*/junit.xml --annotate"),
     })
     if build.on_main:
         for lane in (l for l in lanes if l.trigger == "merge_only" and l.key in keys):

@@ -35,15 +35,15 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import psutil
 import pytest
 
+from ci.junit import Case, render, summarize
 from ci.matrix import CUDA_GRAPH, HANDOFFS, RUNNERS, cells, task_of
 from engine.config import BACKENDS
-from engine.procs import kill_processes
+from engine.procs import describe_process, kill_processes
 
 MARKER_TIMEOUTS = {"config": 60.0, "offline": 300.0, "online": 300.0, "gpu": 900.0}
 DEFAULT_TIMEOUT = 600.0
@@ -149,8 +149,7 @@ class Lane:
         self.stalled_cells: dict[str, str] = {}
         self.unsupported: dict[str, str] | None = None    # cell id -> why the backend cannot run it here
         self.shipped = None                                # the run's profile as shipped, as a test parameter
-        self.outcomes: dict[tuple, dict] = defaultdict(lambda: {"passed": 0, "failed": 0, "stalled": 0,
-                                                                "skipped": 0, "why": []})
+        self.cases: dict[str, Case] = {}                   # node id -> its result, as JUnit records it
 
     def remaining(self) -> float | None:
         return None if self.budget is None else self.budget - (time.monotonic() - self.started)
@@ -308,10 +307,10 @@ def dump_stacks(lane: Lane) -> dict[str, str]:
             except (subprocess.SubprocessError, OSError):
                 pass
         try:
-            name = " ".join(proc.cmdline())[-80:]
+            role = describe_process(proc.name(), " ".join(proc.cmdline()))
         except psutil.Error:
-            name = "?"
-        stacks[f"pid {proc.pid} ({name})"] = text or "(no stack dump received)"
+            role = "exited"
+        stacks[f"{role}, pid {proc.pid}"] = text or "(no stack dump received)"
     return stacks
 
 
@@ -332,7 +331,6 @@ def pytest_runtest_makereport(item, call):
     lane = item.config.stash[LANE]
     cell, task = _cell_of(item), task_of(item.nodeid)
     if report.when == "call" or (report.when == "setup" and (report.failed or report.skipped)):
-        key = ("online" if "/online/" in item.nodeid else "offline", cell or "-", task)
         incident = None
         if report.failed and call.excinfo is not None:
             from engine.watchdog import DIAGNOSES
@@ -353,20 +351,27 @@ def pytest_runtest_makereport(item, call):
                 write_stall_report(lane)
                 if cell:
                     lane.stalled_cells[cell] = incident.get("message", incident["kind"])
-        outcome = lane.outcomes[key]
-        why = None
-        if report.passed:
-            outcome["passed"] += 1
-        elif report.skipped:   # longrepr is (file, line, "Skipped: <reason>")
-            outcome["skipped"] += 1
-            why = "skipped: " + str(report.longrepr[2]).removeprefix("Skipped: ")
-        elif report.failed:
-            outcome["stalled" if incident else "failed"] += 1
-            why = incident["kind"] + (f" at stage {incident['stage']}" if "stage" in incident else "") \
-                if incident else (report.longreprtext.strip().splitlines() or ["failed"])[-1][:120]
-        if why and why not in outcome["why"]:
-            outcome["why"].append(why)
+            if incident is not None:   # the diagnosis, in words, leads the failure everywhere it is shown
+                first = incident.get("message") or incident["kind"]
+                report.longrepr = f"{first}\n\n{report.longreprtext}"
+        lane.cases[item.nodeid] = _case(report)
+    elif report.when == "teardown" and report.failed:   # JUnit marks the test an error then
+        lane.cases[item.nodeid] = _case(report)
     return report
+
+
+def _case(report) -> Case:
+    """A report as pytest's JUnit writer records it (same status, same message), so that the summary
+    made here and the one `lanekeeper report` makes from the JUnit file agree."""
+    if report.passed:
+        return Case.from_nodeid(report.nodeid, "passed", "")
+    if report.skipped:   # longrepr is (file, line, "Skipped: <reason>")
+        return Case.from_nodeid(report.nodeid, "skipped", str(report.longrepr[2]).removeprefix("Skipped: "))
+    crash = getattr(report.longrepr, "reprcrash", None)
+    reason = crash.message if crash is not None else str(report.longrepr)
+    if report.when == "call":
+        return Case.from_nodeid(report.nodeid, "failed", f"{reason}\n{report.longrepr}")
+    return Case.from_nodeid(report.nodeid, "error", f'failed on {report.when} with "{reason}"\n{report.longrepr}')
 
 
 def write_stall_report(lane: Lane) -> None:
@@ -425,22 +430,16 @@ def pytest_runtest_teardown(item, nextitem):
 
 # ------------------------------------------------------------------ summary
 
-def matrix_markdown(lane: Lane) -> str:
-    rows = sorted(k for k in lane.outcomes if k[1] != "-")
-    if not rows:
-        return ""
-    lines = ["| mode | cell | task | passed | failed | stalled | skipped | why |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for key in rows:
-        o = lane.outcomes[key]
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {o['passed']} | {o['failed']} | {o['stalled']} | "
-                     f"{o['skipped']} | {'; '.join(o['why']).replace('|', '/')} |")
-    stalled = sorted(lane.stalled_cells)
-    if stalled:
-        lines += ["", f"Stalled cells: {', '.join(stalled)}"]
+def summary_markdown(lane: Lane) -> str:
+    """The run's results, rendered as `lanekeeper report` renders the same run's JUnit file."""
+    notes = []
+    if lane.stalled_cells:
+        notes.append(f"Stalled cells: {', '.join(sorted(lane.stalled_cells))}")
+    if lane.incidents and lane.report_dir is not None:
+        notes.append(f"Stall report: {lane.report_dir / 'stall-report.md'}")
     if lane.budget_hit:
-        lines += ["", f"Lane budget of {lane.budget:.0f}s exhausted: the run stopped early."]
-    return "\n".join(lines) + "\n"
+        notes.append(f"Lane budget of {lane.budget:.0f}s exhausted: the run stopped early.")
+    return render(summarize(list(lane.cases.values())), "markdown", notes)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -449,13 +448,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if skipped_all:
         terminalreporter.write_line("lanekeeper: every selected test was skipped, so this run is red: "
                                     + "; ".join(skipped_all), red=True)
-    text = matrix_markdown(lane)
-    if text:
-        terminalreporter.section("lanekeeper matrix")
+    text = summary_markdown(lane)
+    if lane.cases:
+        terminalreporter.section("lanekeeper summary")
         terminalreporter.write(text)
     if lane.report_dir is not None:
         lane.report_dir.mkdir(parents=True, exist_ok=True)
-        (lane.report_dir / "matrix-summary.md").write_text(text or "No matrix tests ran.\n")
+        (lane.report_dir / "matrix-summary.md").write_text(text)
         if lane.incidents:
             terminalreporter.write_line(f"stall report: {lane.report_dir / 'stall-report.md'}")
 
@@ -463,10 +462,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 def only_skips(lane: Lane) -> list[str] | None:
     """The skip reasons when every test of the run was skipped (a lane that ran nothing of what it
     claims, e.g. --backend vllm where vLLM does not import), else None."""
-    totals = {k: sum(o[k] for o in lane.outcomes.values()) for k in ("passed", "failed", "stalled", "skipped")}
+    totals = summarize(list(lane.cases.values()))["totals"]
     if not totals["skipped"] or totals["passed"] or totals["failed"] or totals["stalled"]:
         return None
-    return sorted({why for o in lane.outcomes.values() for why in o["why"]})
+    return sorted({f"skipped: {c.message}" for c in lane.cases.values()})
 
 
 def pytest_sessionfinish(session, exitstatus):

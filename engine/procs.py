@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import re
 import signal
 import sys
 import time
@@ -45,8 +46,36 @@ def stack_file(stack_dir: str, pid: int) -> str:
     return os.path.join(stack_dir, f"stacks-{pid}.txt")
 
 
+STAGE_TITLE = re.compile(r"^lk(\d):(.*)$")
+
+
+def name_process(title: str) -> None:
+    """Set this process's name as `ps`, psutil and stack reports see it (Linux keeps 15 bytes)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_NAME = 15
+        ctypes.CDLL(None).prctl(PR_SET_NAME, title.encode()[:15], 0, 0, 0)
+
+
+def describe_process(name: str, cmdline: str) -> str:
+    """What a process of an engine is, from its name and command line: stage N (its name), vLLM's engine
+    core or worker, the speech server."""
+    stage = STAGE_TITLE.match(name)
+    if stage:
+        return f"stage {stage.group(1)} ({stage.group(2)})"
+    if "VLLM::EngineCore" in cmdline or name.startswith("VLLM::Engine"):
+        return "vLLM engine core"
+    if "VLLM::Worker" in cmdline or name.startswith("VLLM::Worke"):
+        return "vLLM worker"
+    if "ci.cli serve" in cmdline or "lanekeeper serve" in cmdline:
+        return "speech server"
+    return cmdline[-80:] or name
+
+
 def stage_main(stage_id: int, leader_pid: int | None, profile, queues, parent_pid: int, faults=()) -> None:
     join_group(leader_pid)
+    name_process(f"lk{stage_id}:{profile.stage_name(stage_id)}")
     # SIGUSR1 dumps every thread's Python stack, to a file the test plugin reads when one is set.
     stack_dir = os.environ.get(STACK_DIR_ENV)
     out = open(stack_file(stack_dir, os.getpid()), "w") if stack_dir and os.path.isdir(stack_dir) else sys.stderr

@@ -172,8 +172,8 @@ def test_buildkite_steps():
     nightly = {s["key"] for s in pipelines.buildkite(lanes.load(), pipelines.Build("schedule"))["steps"]}
     assert "tts-gpu" in nightly and "tts-base" not in nightly
     summary = steps["matrix-summary"]
-    assert summary["allow_dependency_failure"] and "buildkite-agent annotate" in summary["command"]
-    assert "--context lanekeeper-matrix" in summary["command"]
+    assert summary["allow_dependency_failure"] and "lanekeeper report --junit artifacts/*/junit.xml --annotate" \
+        in summary["command"]
 
 
 def test_unmatched_lanes_become_block_steps(tmp_path):
@@ -368,12 +368,60 @@ def test_report(tmp_path):
     src.write_text(JUNIT.replace("</testsuites>", VLLM_SUITE + "</testsuites>"))
     md = _cli("report", "--junit", str(src))
     assert md.returncode == 0
-    assert "| offline | torch | v2 | no_cuda_graph | full_payload | CustomVoice | 0 | 0 | 1 | StageHandoffStall" in md.stdout
-    assert "| offline | vllm | v1 | cuda_graph | async_chunk | CustomVoice | 1 | 0 | 0 |" in md.stdout
-    rows = json.loads(_cli("report", "--junit", str(src), "--format", "json").stdout)
+    assert md.stdout.startswith("**red**: 2 passed, 2 failed, 1 stalled, 1 skipped")
+    assert ("| offline | torch | v2 | no_cuda_graph | full_payload | CustomVoice | 0 | 0 | 1 | 0 | "
+            "StageHandoffStall: stage 1 (code2wav) waited 5.0s |") in md.stdout
+    assert "| offline | vllm | v1 | cuda_graph | async_chunk | CustomVoice | 1 | 0 | 0 | 0 |" in md.stdout
+    assert ("| vllm | v2 | cuda_graph | async_chunk | CustomVoice | 0 | 0 | 0 | 1 | "
+            "skipped: vLLM v2 on cpu: Model Runner V2 requires Triton. |") in md.stdout
+    # every failed test, in or out of the matrix, with why
+    assert "- `tests.config.test_profiles::test_default_profile_runner_per_platform` (failed): AssertionError" in md.stdout
+    assert "- `tests.config.test_profiles::test_v2_refused_on_npu_and_xpu` (failed): error" in md.stdout
+    assert "(stalled): StageHandoffStall: stage 1 (code2wav) waited 5.0s" in md.stdout
+    data = json.loads(_cli("report", "--junit", str(src), "--format", "json").stdout)
+    rows = data["rows"]
     assert rows[0]["stalled"] == 1 and rows[0]["cell"] == "v2-no_cuda_graph-full_payload"
     assert [(r["cell"], r["skipped"]) for r in rows[1:]] == [("vllm-v1-cuda_graph-async_chunk", 0),
                                                             ("vllm-v2-cuda_graph-async_chunk", 1)]
+    assert data["totals"] == {"passed": 2, "failed": 2, "stalled": 1, "skipped": 1}
+
+
+def test_diagnosis_in_words_not_a_dict_repr():
+    from ci.junit import Case, summarize
+
+    message = ("openai.InternalServerError: Error code: 500 - {'error': {'kind': 'StageHandoffStall', 'message': "
+               "'StageHandoffStall: stage 1 (code2wav) waited 5.1s for frames (request r1; cell v1-cuda_graph-"
+               "async_chunk)', 'stage': 1}}")
+    case = Case("tests.e2e.online.test_online_matrix", "test_text_to_audio[v1-cuda_graph-async_chunk]", "failed",
+                message, "")
+    (failure,) = summarize([case])["failures"]
+    assert failure["status"] == "stalled" and failure["why"].startswith("StageHandoffStall: stage 1 (code2wav)")
+    assert "{" not in failure["why"] and "'kind'" not in failure["why"]
+
+
+def test_annotation_style_follows_the_result(tmp_path):
+    """`report --annotate` hands Buildkite the same text, styled error when red and success when green,
+    with a link to each lane's stall report."""
+    agent = tmp_path / "bin" / "buildkite-agent"
+    agent.parent.mkdir()
+    agent.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/args\ncat > {tmp_path}/stdin\n")
+    agent.chmod(0o755)
+    env = {"PATH": f"{agent.parent}{os.pathsep}{os.environ['PATH']}"}
+    red_dir, green_dir = tmp_path / "artifacts" / "tts-base", tmp_path / "artifacts" / "config"
+    red_dir.mkdir(parents=True)
+    green_dir.mkdir(parents=True)
+    (red_dir / "junit.xml").write_text(JUNIT)
+    (red_dir / "stall-report.md").write_text("# Stall report\n")
+    (green_dir / "junit.xml").write_text(JUNIT.split("<testsuite ")[0] + '<testsuite name="config">'
+                                         '<testcase classname="tests.config.test_profiles" name="test_ok"/>'
+                                         "</testsuite></testsuites>")
+    run = _cli("report", "--junit", str(red_dir / "junit.xml"), "--annotate", env=env)
+    assert run.returncode == 0, run.stderr
+    assert "--style error --context lanekeeper-matrix" in (tmp_path / "args").read_text()
+    annotated = (tmp_path / "stdin").read_text()
+    assert annotated == run.stdout and f"(artifact://{red_dir / 'stall-report.md'})" in annotated
+    run = _cli("report", "--junit", str(green_dir / "junit.xml"), "--annotate", env=env)
+    assert "--style success" in (tmp_path / "args").read_text()
 
 
 @pytest.mark.parametrize("content,message", [
@@ -464,3 +512,44 @@ def test_base_lane_runs_as_ci_does(tmp_path):
     assert {c.suite for c in cases} == {"tts-base"}
     summary = (tmp_path / "matrix-summary.md").read_text()
     assert summary.count("| Base |") == 16   # 8 cells, offline and online
+
+
+def test_the_run_and_its_junit_tell_the_same_story(pytester, capsys):
+    """matrix-summary.md (made during the run) and `lanekeeper report` (made from its JUnit file) agree."""
+    pytester.makepyfile(test_mixed="""
+import pytest
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("fixture broke")
+
+def test_cell(cell):
+    assert cell.runner == "v2", "only v2 passes"
+
+def test_plain_failure():
+    assert 1 + 1 == 3
+
+def test_setup_error(broken):
+    pass
+
+def test_skipped():
+    pytest.skip("not on this machine")
+
+def test_passes():
+    pass
+""")
+    report_dir = pytester.path / "reports"
+    result = pytester.runpytest_subprocess("-p", "ci.pytest_plugin", "--cuda-graph", "on", "--handoff", "async_chunk",
+                                           "--platform", "cpu", "--report-dir", str(report_dir),
+                                           "--junitxml", str(report_dir / "junit.xml"))
+    result.assert_outcomes(passed=2, failed=2, skipped=1, errors=1)
+    during = (report_dir / "matrix-summary.md").read_text()
+    capsys.readouterr()
+    assert main(["report", "--junit", str(report_dir / "junit.xml")]) == 0
+    after = capsys.readouterr().out
+    assert during == after, f"{during}\n---\n{after}"
+    assert during.startswith("**red**: 2 passed, 3 failed, 0 stalled, 1 skipped")
+    assert "test_mixed::test_plain_failure` (failed): assert (1 + 1) == 3" in during
+    assert 'test_mixed::test_setup_error` (failed): failed on setup with "RuntimeError: fixture broke"' in during
+    assert "| offline | torch | v1 | cuda_graph | async_chunk | CustomVoice | 0 | 1 | 0 | 0 | AssertionError: only v2 passes" \
+        in during

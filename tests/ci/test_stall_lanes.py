@@ -62,8 +62,14 @@ def test_faulted_matrix_is_red_fast_and_names_every_cell(mode, tmp_path):
         assert inc["request_id"] and inc["request_id"] in inc["message"]
         assert (inc["runner"], inc["cuda_graph"], inc["handoff"]) == (cell.runner, cell.cuda_graph, cell.handoff)
         assert inc["stacks"], "no stacks were dumped"
+        assert any(k.startswith("stage 1 (code2wav), pid") for k in inc["stacks"]), list(inc["stacks"])
     assert "Stalled cells:" in run.stdout
     assert not _tagged(tag)
+    # the report made from the JUnit file tells the same story as the summary the run wrote
+    report = subprocess.run([sys.executable, "-m", "ci.cli", "report", "--junit", str(tmp_path / "junit.xml")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert report.stdout.split("\n\n", 3)[:3] == summary.split("\n\n", 3)[:3]
+    assert "StageHandoffStall: stage 1 (code2wav)" in summary.split("Failed tests:")[1]
 
 
 def test_blocked_test_is_ended_by_timeout_with_stacks(pytester, tmp_path):

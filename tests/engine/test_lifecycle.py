@@ -108,3 +108,12 @@ def test_guard_fails_a_test_that_leaks_an_engine(pytester):
     result.stdout.fnmatch_lines(["*engine processes outlived*test_leaks*killed now*"])
     line = next(l for l in result.outlines if "PIDS" in l)
     assert _gone([int(p) for p in line.split("PIDS")[1].split()])
+
+
+def test_processes_say_what_they_are():
+    from engine.procs import describe_process
+
+    assert describe_process("lk1:code2wav", "python3 -c from multiprocessing.spawn import spawn_main") == \
+        "stage 1 (code2wav)"
+    assert describe_process("VLLM::EngineCor", "VLLM::EngineCore") == "vLLM engine core"
+    assert describe_process("python3", "python3 -m ci.cli serve --port 1") == "speech server"
