@@ -139,7 +139,7 @@ def cmd_rollback(args) -> int:
             raise history.HistoryError("--github needs --workflow NAME (the workflow file, e.g. lanes.yml)")
         builds = history.from_github(args.github, args.workflow)
     keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys else None
-    audit = rollback.Audit.for_repo(repo)
+    audit = rollback.Audit.for_repo(repo, args.push)
     decision = rollback.decide(builds, lane, repo, args.min_red, audit, keys=keys, remote=args.push,
                                pr_for=_open_pr_for(slug) if args.open_pr else None)
     print(f"lanekeeper rollback: lane {lane.key} ({lane.label}), profile {lane.profile}")
@@ -170,12 +170,14 @@ def cmd_rollback(args) -> int:
         audit.append({**record, "action": "verify_failed", "detail": str(e)[:4000]})
         print(f"rollback not made: {e}")
         return 1
-    audit.append({**record, "action": "applied", "commit": sha, "restored": restored, "verify": note})
     print(f"rolled back: branch {branch}, commit {sha[:12]} ({decision.reason})")
     for line in restored:
         print(f"  restored {line}")
     print(f"  {note}")
     _publish(args, repo, lane, decision, slug, rollback.git(repo, "log", "-1", "--format=%B", sha))
+    # recorded once published: a rollback that lost a push race to another lane's is that lane's evidence
+    action = "applied" if decision.action == "rollback" else "evidence"
+    audit.append({**record, "action": action, "commit": sha, "restored": restored, "verify": note})
     return 0
 
 

@@ -18,7 +18,8 @@ What a rollback changes, on a branch `rollback/<culprit>` made in a separate wor
 
 One culprit gets one rollback whatever the lanes: a second red lane adds its evidence to
 the existing branch (local, on the remote, or an open pull request's) instead of making
-another.  Every decision, acting or not, is appended to an audit log (JSON lines).
+another.  Every decision, acting or not, is appended to an audit log (JSON lines) kept on the ref
+refs/lanekeeper/audit, pushed with the branch so that every CI run sees it.
 """
 from __future__ import annotations
 
@@ -74,8 +75,9 @@ class Decision:
 
 # ------------------------------------------------------------------ git
 
-def git(repo: Path, *args: str, check: bool = True, env: dict | None = None) -> str:
-    run = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, env={**os.environ, **(env or {})})
+def git(repo: Path, *args: str, check: bool = True, env: dict | None = None, input: str | None = None) -> str:
+    run = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, input=input,
+                         env={**os.environ, **(env or {})})
     if check and run.returncode != 0:
         raise RollbackError(f"git {' '.join(args)} failed: {run.stderr.strip()}")
     return run.stdout
@@ -325,24 +327,54 @@ def _identity(repo: Path) -> dict:
 # ------------------------------------------------------------------ audit
 
 class Audit:
-    def __init__(self, path: Path):
-        self.path = path
+    """The decisions, as JSON lines in `audit.jsonl` on the ref refs/lanekeeper/audit.
+
+    A ref rather than a file under .git/, so that it travels: with a remote it is fetched before it is
+    read and pushed after each entry, and every CI run (each on a fresh checkout) sees the same log and
+    the same once-a-day cap.  A push that loses a race with another job's is fetched and retried."""
+
+    REF = "refs/lanekeeper/audit"
+    FILE = "audit.jsonl"
+
+    def __init__(self, repo: Path, remote: str | None = None):
+        self.repo, self.remote = repo, remote
+        self._fetched = False
 
     @classmethod
-    def for_repo(cls, repo: Path) -> "Audit":
-        common = Path(git(repo, "rev-parse", "--git-common-dir").strip())
-        return cls((repo / common if not common.is_absolute() else common) / "lanekeeper" / "rollback-audit.jsonl")
+    def for_repo(cls, repo: Path, remote: str | None = None) -> "Audit":
+        return cls(repo, remote)
+
+    def _fetch(self) -> None:
+        if self.remote and git(self.repo, "ls-remote", self.remote, self.REF).strip():
+            git(self.repo, "fetch", "-q", self.remote, f"+{self.REF}:{self.REF}")
+        self._fetched = True
+
+    def _text(self) -> str:
+        return git(self.repo, "show", f"{self.REF}:{self.FILE}", check=False)
 
     def entries(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        if not self._fetched:
+            self._fetch()
+        return [json.loads(line) for line in self._text().splitlines() if line.strip()]
 
     def append(self, entry: dict) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         entry = {"at": dt.datetime.now(dt.timezone.utc).isoformat(), **entry}
-        with self.path.open("a") as f:
-            f.write(json.dumps(entry, default=str) + "\n")
+        for _ in range(5):
+            self._fetch()
+            parent = git(self.repo, "rev-parse", "--verify", "--quiet", self.REF, check=False).strip()
+            blob = git(self.repo, "hash-object", "-w", "--stdin",
+                       input=self._text() + json.dumps(entry, default=str) + "\n").strip()
+            tree = git(self.repo, "mktree", input=f"100644 blob {blob}\t{self.FILE}\n").strip()
+            commit = git(self.repo, "commit-tree", tree, *(["-p", parent] if parent else []),
+                         "-m", f"rollback audit: {entry.get('action')} {entry.get('lane')}",
+                         env=_identity(self.repo)).strip()
+            git(self.repo, "update-ref", self.REF, commit, *([parent] if parent else []))
+            if not self.remote:
+                return
+            if subprocess.run(["git", "push", "-q", self.remote, f"{self.REF}:{self.REF}"], cwd=self.repo,
+                              capture_output=True).returncode == 0:
+                return
+        raise RollbackError(f"could not push {self.REF} to {self.remote} after 5 tries")
 
     def recent_apply(self, lane_key: str, hours: float = 24) -> bool:
         cutoff = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=hours)

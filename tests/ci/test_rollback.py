@@ -5,7 +5,6 @@ together with a stage-0 prefill bound that an opt-in profile inherits, rewrites 
 profile's header comment, re-pins, splits a config test and adds a docs page.  Profile
 content is always addressed by path (ProfileDoc), never by line or comment text.
 """
-import datetime as dt
 import json
 import shutil
 import subprocess
@@ -16,7 +15,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from ci.cli import main
-from ci.rollback import REVIEW
+from ci.rollback import REVIEW, Audit
 from engine import pins
 from engine.profile_doc import ProfileDoc
 from tests.ci.conftest import TOKEN
@@ -199,8 +198,7 @@ def test_motivating_pull_request_is_rolled_back_once(tmp_path, capsys):
         code, again = rollback(capsys, repo, hist, "--apply", lane=lane)
         assert code == 0 and "no action:" in again.out and "already exists" in again.out, again.out
     assert git(repo, "rev-parse", branch) == tip and git(repo, "branch", "--list", "rollback/*").split() == [branch]
-    audit = [json.loads(l) for l in (repo / ".git/lanekeeper/rollback-audit.jsonl").read_text().splitlines()]
-    assert [a["action"] for a in audit] == ["applied", "evidence", "none", "none"]
+    assert [a["action"] for a in Audit(repo).entries()] == ["applied", "evidence", "none", "none"]
 
 
 def test_keys_narrows_the_rollback(tmp_path, capsys):
@@ -286,7 +284,7 @@ def test_failed_verification_names_tests_and_pins_drift(tmp_path, capsys):
         assert f"{name} stages.0.max_num_seqs (every platform): pinned 128, resolves to 96" in drift
     assert "Traceback" not in out.out
     assert git(repo, "branch", "--list", "rollback/*") == "" and git(repo, "worktree", "list").count("\n") == 0
-    audit = [json.loads(l) for l in (repo / ".git/lanekeeper/rollback-audit.jsonl").read_text().splitlines()]
+    audit = Audit(repo).entries()
     assert audit[-1]["action"] == "verify_failed" and "test_default_runner_is_v2" in audit[-1]["detail"]
 
 
@@ -363,10 +361,7 @@ def test_rails(case, tmp_path, capsys):
         set_values(repo, PROFILE, LEGACY)
         commit(repo, "Back to v1 by hand")
     elif case == "daily_limit":
-        audit = repo / ".git/lanekeeper/rollback-audit.jsonl"
-        audit.parent.mkdir(parents=True)
-        audit.write_text(json.dumps({"at": dt.datetime.now(dt.timezone.utc).isoformat(), "lane": "tts-base",
-                                     "action": "applied"}) + "\n")
+        Audit(repo).append({"lane": "tts-base", "action": "applied"})
     hist = history(tmp_path, *builds)
     code, out = rollback(capsys, repo, hist, "--apply", "--verify", "none")
     assert code == 0, out.err
@@ -480,3 +475,9 @@ def test_two_agents_racing_make_one_branch(tmp_path, capsys, monkeypatch):
     log = git(remote, "log", "--format=%B", branch)
     assert log.count("Rollback-Evidence: tts-base") == 1 and log.count("Rollback-Evidence: tts-customvoice") == 1
     assert git(remote, "branch", "--list", "rollback/*").split() == [branch]
+    # both agents' decisions are in the one audit log on the remote, which any later job reads
+    audit = [(e["lane"], e["action"]) for e in Audit(agents[1], "origin").entries()]
+    assert audit == [("tts-base", "applied"), ("tts-customvoice", "evidence")]
+    third = tmp_path / "c"
+    subprocess.run(["git", "clone", "-q", str(remote), str(third)], check=True)
+    assert Audit(third, "origin").recent_apply("tts-base")      # the once-a-day cap holds on a fresh checkout
