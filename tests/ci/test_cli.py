@@ -68,18 +68,9 @@ def test_sigterm_to_a_running_lane_leaves_junit_and_its_own_status(tmp_path):
 
     import psutil
 
-    lanes_file = tmp_path / "lanes.yaml"
-    lanes_file.write_text("""\
-lanes:
-  - key: long
-    label: "long"
-    trigger: merge_only
-    paths: [tests/e2e/offline/test_custom_voice.py]
-    markers: merge_only
-    keyword: "batch_of_32 or streaming_equals"
-    timeout: 120
-    budget: 600
-""")
+    from tests.ci.conftest import one_lane_file
+
+    lanes_file = one_lane_file(tmp_path, "long", "batch_of_32 or streaming_equals")
     art = tmp_path / "art"
     proc = subprocess.Popen([sys.executable, "-m", "ci.cli", "run", "long", "--lanes-file", str(lanes_file),
                              "--artifacts", str(art)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -14,7 +14,7 @@ from ruamel.yaml import YAML
 
 from ci import lanes, pipelines
 from ci.cli import main
-from tests.ci.conftest import TOKEN, Reply
+from tests.ci.conftest import TOKEN, Reply, one_lane_file
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILDKITE_FILE = ROOT / ".buildkite/pipeline.yml"
@@ -300,19 +300,7 @@ def test_a_lane_runs_the_profile_it_names(tmp_path, capsys):
     """A lane's `profile:` reaches pytest, the engine fixtures and what the engine runs."""
     import xml.etree.ElementTree as ET
 
-    lanes_file = tmp_path / "lanes.yaml"
-    lanes_file.write_text("""\
-lanes:
-  - key: hc
-    label: "TTS · high concurrency"
-    trigger: merge_only
-    profile: qwen3_tts_high_concurrency
-    paths: [tests/e2e/offline/test_custom_voice.py]
-    markers: merge_only
-    keyword: as_shipped
-    timeout: 120
-    budget: 300
-""")
+    lanes_file = one_lane_file(tmp_path, "hc", "as_shipped", profile="qwen3_tts_high_concurrency")
     art = tmp_path / "art"
     assert main(["run", "hc", "--dry-run", "--lanes-file", str(lanes_file), "--artifacts", str(art)]) == 0
     assert "--profile qwen3_tts_high_concurrency" in capsys.readouterr().out

@@ -18,7 +18,7 @@ from ci.cli import main
 from ci.rollback import REVIEW, Audit
 from engine import pins
 from engine.profile_doc import ProfileDoc
-from tests.ci.conftest import TOKEN
+from tests.ci.conftest import TOKEN, one_lane_file
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = "profiles/qwen3_tts.yaml"
@@ -414,18 +414,7 @@ def test_two_real_lane_runs_make_the_history(tmp_path, capsys):
     """Run a lane at the parent (green) and at the flip with a fault injected (red), record both,
     and let rollback restore the default from that history."""
     repo, s = make_repo(tmp_path, after=())
-    lanes_file = tmp_path / "lanes.yaml"
-    lanes_file.write_text("""\
-lanes:
-  - key: tts-smoke
-    label: "TTS · smoke"
-    trigger: merge_only
-    paths: [tests/e2e/offline/test_custom_voice.py]
-    markers: merge_only
-    keyword: "as_shipped"
-    timeout: 120
-    budget: 600
-""")
+    lanes_file = one_lane_file(tmp_path, "tts-smoke", "as_shipped")
     hist = tmp_path / "history.json"
     import os
     import sys
