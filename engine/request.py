@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -10,7 +11,12 @@ from engine.tokenizer import LANGUAGES, TASK_TYPES, VOICES
 
 _ids = itertools.count()
 
-MAX_INPUT_CHARS = 4096
+MAX_INPUT_CHARS = 4096          # input, instructions and ref_text each
+MAX_SEED = 2**63 - 1            # a torch.Generator seed is a signed 64-bit integer
+MAX_TEMPERATURE = 10.0          # past this every code is about equally likely; far past it softmax overflows
+MAX_TOP_K = 2048                # the codebook size
+MAX_REPETITION_PENALTY = 10.0
+MAX_NEW_TOKENS = 65536          # a bound of the type; the stage's max_model_len is the real one
 
 
 class RequestError(ValueError):
@@ -60,10 +66,29 @@ class SpeechRequest:
                 raise RequestError("Base needs ref_text (the transcript of ref_audio)", "ref_text")
         if self.language.lower() not in LANGUAGES:
             raise RequestError(f"unknown language {self.language!r}; known: {', '.join(LANGUAGES)}", "language")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise RequestError("max_new_tokens must be at least 1", "max_new_tokens")
-        if self.temperature is not None and self.temperature < 0:
-            raise RequestError("temperature must be >= 0", "temperature")
+        for name in ("instructions", "ref_text"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or len(value) > MAX_INPUT_CHARS):
+                size = f"{len(value)} characters" if isinstance(value, str) else f"a {type(value).__name__}"
+                raise RequestError(f"{name} is {size}; at most {MAX_INPUT_CHARS} characters", name)
+        _in_range("seed", self.seed, 0, MAX_SEED, integer=True)
+        _in_range("max_new_tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS, integer=True)
+        _in_range("top_k", self.top_k, 0, MAX_TOP_K, integer=True)
+        _in_range("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
+        _in_range("repetition_penalty", self.repetition_penalty, 1e-6, MAX_REPETITION_PENALTY)
+        if self.top_p is not None:
+            _in_range("top_p", self.top_p, 1e-6, 1.0)
+
+
+def _in_range(name: str, value, low, high, integer: bool = False) -> None:
+    """None passes (the stage's default); otherwise a finite number of the right kind within [low, high]."""
+    if value is None:
+        return
+    kinds = (int, np.integer) if integer else (int, float, np.integer, np.floating)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, kinds):
+        raise RequestError(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}", name)
+    if not math.isfinite(value) or not low <= value <= high:
+        raise RequestError(f"{name} must be between {low:g} and {high:g}, got {value!r}", name)
 
 
 @dataclass

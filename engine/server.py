@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engine.engine import TTSEngine
 from engine.presets import SAMPLE_RATE
-from engine.request import MAX_INPUT_CHARS, RequestError, SpeechRequest
+from engine.request import (MAX_INPUT_CHARS, MAX_NEW_TOKENS, MAX_SEED, MAX_TEMPERATURE, RequestError,
+                            SpeechRequest)
 
 MODEL_ID = "qwen3-tts"
 MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp3": "audio/mpeg",
@@ -39,7 +40,9 @@ _TAKEN = object()
 
 
 class SpeechBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # The bounds are the engine's own (engine/request.py), so that a request the engine cannot honour is a
+    # 400 here, naming the field, and never reaches a stage.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     input: str
     model: str = MODEL_ID
@@ -50,12 +53,12 @@ class SpeechBody(BaseModel):
     stream_format: Literal["audio", "sse"] = "audio"
     task_type: Literal["CustomVoice", "VoiceDesign", "Base"] = "CustomVoice"
     language: str = "auto"
-    instructions: str | None = None
+    instructions: str | None = Field(None, max_length=MAX_INPUT_CHARS)
     ref_audio: str | None = None
-    ref_text: str | None = None
-    max_new_tokens: int | None = Field(None, ge=1)
-    seed: int = 0
-    temperature: float | None = Field(None, ge=0)
+    ref_text: str | None = Field(None, max_length=MAX_INPUT_CHARS)
+    max_new_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE)
 
 
 class APIError(Exception):

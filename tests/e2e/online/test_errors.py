@@ -64,6 +64,14 @@ def _cases(allowed):
                          "outside the allowed"),
         "path_absolute": ({**CLONE, "ref_audio": "file:///etc/passwd"}, 403, "ref_audio", "outside the allowed"),
         "missing_ref": ({**CLONE}, 400, "ref_audio", "needs ref_audio"),
+        # values a stage could not honour: refused here, naming the field, and the stages live on
+        "seed_past_64_bits": ({**BASE, "seed": 2**64}, 400, "seed", "less than or equal to"),
+        "negative_seed": ({**BASE, "seed": -1}, 400, "seed", "greater than or equal to 0"),
+        "huge_temperature": ({**BASE, "temperature": 1e30}, 400, "temperature", "less than or equal to 10"),
+        "huge_max_new_tokens": ({**BASE, "max_new_tokens": 10**12}, 400, "max_new_tokens", "less than or equal"),
+        "megabyte_instructions": ({"input": "Hi.", "task_type": "VoiceDesign", "instructions": "x" * 2**20}, 400,
+                                  "instructions", "at most 4096 characters"),
+        "megabyte_ref_text": ({**CLONE, "ref_text": "x" * 2**20}, 400, "ref_text", "at most 4096 characters"),
     }
 
 
