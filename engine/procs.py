@@ -81,6 +81,8 @@ def stage_main(stage_id: int, leader_pid: int | None, profile, queues, parent_pi
     out = open(stack_file(stack_dir, os.getpid()), "w") if stack_dir and os.path.isdir(stack_dir) else sys.stderr
     faulthandler.register(STACK_DUMP_SIGNAL, file=out, all_threads=True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the engine, not ^C, ends stages
+    for q in queues[1:]:   # what this stage sends: its exit must never wait for a reader to drain it
+        q.cancel_join_thread()
     if stage_id == 0:
         from engine.stage0 import run
     else:

@@ -181,7 +181,7 @@ def run(profile, queues, parent_pid: int, faults=()) -> None:
     try:
         talker = make_talker(profile, handoff_q, out_q, faults)
         out_q.put(("ready", 0, talker.info()))
-        Heart(out_q, 0, profile.config.watchdog.heartbeat_interval_s, talker.stats).start()
+        Heart(out_q, 0, profile.config.watchdog.heartbeat_interval_s, talker.stats, parent_pid).start()
         while True:
             if talker.faults.stalled(talker.steps):
                 stall_forever()

@@ -87,7 +87,7 @@ def run(profile, queues, parent_pid: int, faults=()) -> None:
     try:
         worker = Code2Wav(profile, out_q, faults)
         out_q.put(("ready", 1, {}))
-        Heart(out_q, 1, profile.config.watchdog.heartbeat_interval_s, worker.stats).start()
+        Heart(out_q, 1, profile.config.watchdog.heartbeat_interval_s, worker.stats, parent_pid).start()
         while True:
             for msg in drain(handoff_q, block=True, parent_pid=parent_pid):
                 if worker.faults.stalled(worker.windows):

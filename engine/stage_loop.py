@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -35,7 +36,7 @@ def drain(inbox, block: bool, parent_pid: int, timeout: float = 0.25) -> list:
             items.append(inbox.get(block=block and not items, timeout=timeout))
         except queue.Empty:
             if block and not items and os.getppid() != parent_pid:
-                raise SystemExit(0)   # orphaned: the engine that owned us is gone
+                raise SystemExit(0)   # orphaned while idle: exit handlers still run (vLLM's shutdown)
             return items
 
 
@@ -44,14 +45,23 @@ class Heart(threading.Thread):
 
     A stage whose loop is stuck (a hung kernel, an injected stall) keeps beating, so the
     watchdog can tell "alive but not progressing" from "gone quiet".
+
+    It also watches the parent: a stage whose owner died (SIGKILL included) ends within one
+    beat, mid-request or not, and without waiting on a queue nobody reads any more.
     """
 
-    def __init__(self, out_q, stage_id: int, interval: float, stats):
+    def __init__(self, out_q, stage_id: int, interval: float, stats, parent_pid: int):
         super().__init__(name=f"stage{stage_id}-heartbeat", daemon=True)
         self.out_q, self.stage_id, self.interval, self.stats = out_q, stage_id, interval, stats
+        self.parent_pid = parent_pid
 
     def run(self) -> None:
         while True:
+            if os.getppid() != self.parent_pid:
+                # Orphaned mid-work: end the engine's whole process group (both stages, and vLLM's engine
+                # core and workers under stage 0), the way its owner would have, at once.
+                os.killpg(os.getpgrp(), signal.SIGKILL)
+                os._exit(0)
             try:
                 self.out_q.put(("beat", self.stage_id, self.stats()))
             except Exception:   # a queue torn down at exit, or a stats read racing the loop

@@ -1,5 +1,6 @@
 """Concurrency, client disconnects and SIGTERM: nothing leaks, nothing is left running."""
 import asyncio
+import os
 import threading
 import time
 
@@ -120,3 +121,34 @@ def test_sigterm_finishes_in_flight_then_ends_every_process(platform):
         assert got["status"] == 200 and len(got["bytes"]) == (round(len("Finish me before you go. " * 6) * 0.8) + 2) * 3840
         assert wait_for(lambda: not [p for p in pids if psutil.pid_exists(p)
                                      and psutil.Process(p).status() != psutil.STATUS_ZOMBIE], 10)
+
+
+def test_sigkill_of_the_server_mid_request_ends_every_stage(platform):
+    """The owner dies without a word (kill -9) mid-stream, with many seconds of the request still to make:
+    its stages and their resource tracker follow within 5 s instead of running on."""
+    import signal
+
+    with RemoteServer(["--platform", platform]) as server:
+        tree = psutil.Process(server.proc.pid).children(recursive=True)
+        assert len(tree) >= 2
+        started = threading.Event()
+
+        def request():
+            try:
+                with httpx.stream("POST", server.url + "/v1/audio/speech", timeout=60,
+                                  json={"input": "Cut me off halfway. " * 120, "response_format": "pcm",
+                                        "stream": True}) as r:
+                    for _ in r.iter_bytes():
+                        started.set()
+            except httpx.HTTPError:
+                pass   # the server is gone: that is the point
+
+        t = threading.Thread(target=request)
+        t.start()
+        assert started.wait(30), server.log_tail()
+        os.kill(server.proc.pid, signal.SIGKILL)
+        server.proc.wait(10)
+        _, alive = psutil.wait_procs(tree, timeout=5)
+        t.join(30)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], \
+            [(p.pid, p.name()) for p in alive]
