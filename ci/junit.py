@@ -136,7 +136,9 @@ def summarize(cases: list[Case]) -> dict:
 
 
 def red(summary: dict) -> bool:
-    return bool(summary["totals"]["failed"] or summary["totals"]["stalled"])
+    """A failure or a stall, or a run that only skipped (it ran nothing of what it claims)."""
+    t = summary["totals"]
+    return bool(t["failed"] or t["stalled"] or (t["skipped"] and not t["passed"]))
 
 
 def annotation_style(summary: dict) -> str:
