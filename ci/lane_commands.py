@@ -139,7 +139,7 @@ def cmd_rollback(args) -> int:
             raise history.HistoryError("--github needs --workflow NAME (the workflow file, e.g. lanes.yml)")
         builds = history.from_github(args.github, args.workflow)
     keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys else None
-    audit = rollback.Audit.for_repo(repo, args.push)
+    audit = rollback.Audit(repo, args.push)
     decision = rollback.decide(builds, lane, repo, args.min_red, audit, keys=keys, remote=args.push,
                                pr_for=_open_pr_for(slug) if args.open_pr else None)
     print(f"lanekeeper rollback: lane {lane.key} ({lane.label}), profile {lane.profile}")

@@ -340,10 +340,6 @@ class Audit:
         self.repo, self.remote = repo, remote
         self._fetched = False
 
-    @classmethod
-    def for_repo(cls, repo: Path, remote: str | None = None) -> "Audit":
-        return cls(repo, remote)
-
     def _fetch(self) -> None:
         if self.remote and git(self.repo, "ls-remote", self.remote, self.REF).strip():
             git(self.repo, "fetch", "-q", self.remote, f"+{self.REF}:{self.REF}")

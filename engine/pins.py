@@ -13,7 +13,7 @@ from typing import Any
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from engine.config import PLATFORMS, V2_UNSUPPORTED, dump_yaml, resolve
+from engine.config import PLATFORMS, RunnerUnsupported, dump_yaml, resolve
 from engine.profile_doc import ProfileError
 
 PINS_FILE = "pins.yaml"
@@ -38,11 +38,8 @@ def compute(profiles_dir: str | os.PathLike, names: list[str] | None = None) -> 
         for platform in PLATFORMS:
             try:
                 out[name][platform] = resolve(Path(profiles_dir) / f"{name}.yaml", platform=platform).flat()
-            except ProfileError as e:
-                if platform in V2_UNSUPPORTED and "not implemented" in e.message:
-                    out[name][platform] = {"refused": e.message}
-                else:
-                    raise
+            except RunnerUnsupported as e:
+                out[name][platform] = {"refused": e.message}
     return out
 
 
