@@ -73,8 +73,11 @@ def _retry_after(response: httpx.Response) -> float | None:
     if value:
         if value.strip().isdigit():
             return float(value)
-        when = email.utils.parsedate_to_datetime(value)
-        return max(0.0, when.timestamp() - time.time()) if when else None
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):   # a Retry-After that is neither seconds nor a date: no hint
+            return None
+        return max(0.0, when.timestamp() - time.time())
     reset = response.headers.get("x-ratelimit-reset")
     if reset and reset.isdigit() and response.headers.get("x-ratelimit-remaining") == "0":
         return max(0.0, int(reset) - time.time())

@@ -39,10 +39,11 @@ def test_retry_after_is_honoured(github, monkeypatch):
     base, routes = github
     waits = []
     monkeypatch.setattr(time, "sleep", waits.append)
-    answers = iter([Reply(429, headers={"Retry-After": "2"}), {"ok": True}])
+    answers = iter([Reply(429, headers={"Retry-After": "2"}), Reply(503, headers={"Retry-After": "soon"}),
+                    {"ok": True}])
     routes["/thing"] = lambda query, payload: next(answers)
     assert ci_api.get_json("github", f"{base}/thing") == {"ok": True}
-    assert waits == [2.0]
+    assert waits == [2.0, 2.0]      # a Retry-After that is no number or date falls back to backoff
 
 
 def test_a_rate_limit_is_called_a_rate_limit(github):
