@@ -118,9 +118,32 @@ def cmd_serve(args) -> int:
     if stack_dir and os.path.isdir(stack_dir):
         faulthandler.register(STACK_DUMP_SIGNAL, file=open(stack_file(stack_dir, os.getpid()), "w"), all_threads=True)
 
+    from engine.supervisor import RestartPolicy
+
     profile = resolve(args.profile, platform=args.platform, overrides=args.overrides)
-    serve(profile, host=args.host, port=args.port, allowed_local_media_path=args.allowed_local_media_path)
-    return 0
+    policy = RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window)
+    return serve(profile, host=args.host, port=args.port, allowed_local_media_path=args.allowed_local_media_path,
+                 policy=policy)
+
+
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {n}")
+    return n
+
+
+def _seconds(text: str) -> float:
+    try:
+        s = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < s < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return s
 
 
 def _version() -> str:
@@ -166,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=_port, default=8000, help="port to listen on (default: %(default)s)")
     serve.add_argument("--allowed-local-media-path", metavar="DIR",
                        help="directory that file:// ref_audio paths may read from")
+    serve.add_argument("--max-restarts", type=_count, default=5, metavar="N",
+                       help="engine restarts allowed within --restart-window; one more and the server exits "
+                            "with status 4 (default: %(default)s)")
+    serve.add_argument("--restart-window", type=_seconds, default=300.0, metavar="SECONDS",
+                       help="the window --max-restarts counts over (default: %(default)s)")
     serve.set_defaults(func=cmd_serve)
 
     from ci import lane_commands

@@ -157,6 +157,10 @@ class TTSEngine:
                 raise EngineError(f"stage {msg[1]} ({self.profile.stage_name(msg[1])}) failed during start-up: {msg[3]}",
                                   detail=msg[2])
 
+    def verdict(self) -> dict | None:
+        """Why this engine cannot serve any more (a dead, silent or stuck stage), or None."""
+        return self.watchdog.verdict
+
     def dead_stages(self) -> list[int]:
         return [stage for stage, proc in enumerate(self.procs) if not proc.is_alive()]
 
@@ -273,7 +277,14 @@ class TTSEngine:
                 t.timings["stage1_s"] = msg[2]
         elif kind == "error":
             _, rid, stage, message = msg
-            self._fail(rid, {"kind": "RequestFailed", "stage": stage, "message": message})
+            self.fail_request(rid, {"kind": "RequestFailed", "stage": stage, "message": message})
+        elif kind == "crash":
+            _, rid, stage, summary, tb = msg
+            name = self.profile.stage_name(stage)
+            self.fail_request(rid, {"kind": "StageError", "stage": stage, "stage_name": name,
+                                    "message": f"StageError: stage {stage} ({name}) raised {summary} while handling "
+                                               f"request {rid}; the stage goes on",
+                                    "traceback": tb})
         elif kind == "fatal":
             _, stage, tb, summary = msg
             self._fail_all({"kind": "StageCrashed", "stage": stage, "stage_name": self.profile.stage_name(stage),

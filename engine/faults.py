@@ -7,6 +7,8 @@ Specs come from the profile's `faults:` list or `LANEKEEPER_FAULTS` (specs joine
     stall_stage:stage=0,after_steps=5     the stage stops making progress (it keeps its heartbeat)
     kill_stage:stage=1,after_requests=1   the stage exits once it has finished 1 request
     kill_stage:stage=1,after_frames=5     ... or once it has handled 5 frames
+    raise_stage:stage=1,after_frames=20   the stage raises while handling a request that has reached 20 frames
+                                          (the request fails; the stage must go on)
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ KINDS: dict[str, dict[str, tuple[type, object]]] = {
     "delay_handoff": {"ms": (int, None)},
     "stall_stage": {"stage": (int, None), "after_steps": (int, 0)},
     "kill_stage": {"stage": (int, None), "after_requests": (int, None), "after_frames": (int, None)},
+    "raise_stage": {"stage": (int, None), "after_frames": (int, None)},
 }
 
 
@@ -109,3 +112,9 @@ class Injector:
             if f.get("after_frames") is not None and frames >= f.get("after_frames"):
                 return True
         return False
+
+    def raise_at(self, frames: int, request_id: str) -> None:
+        """An injected exception while handling one request, as a bug on one code path would raise."""
+        for f in self._of("raise_stage"):
+            if frames >= f.get("after_frames"):
+                raise RuntimeError(f"injected fault {f} on request {request_id} at frame {frames}")

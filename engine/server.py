@@ -1,8 +1,14 @@
 """Online serving: an OpenAI-compatible `/v1/audio/speech` over the engine.
 
-Every error is OpenAI-shaped JSON (`{"error": {"message", "type", "param", "code"}}`)
-and leaves the server serving.  A streamed request is released in the engine as soon
-as its client goes away.  SIGTERM lets in-flight requests finish (uvicorn's graceful
+Every error is OpenAI-shaped JSON (`{"error": {"message", "type", "param", "code"}}`),
+the framework's own (a body that is not JSON, an unknown route) included, and leaves the
+server serving.  A 5xx carries an error `id` that finds its entry, traceback and all, in
+the server log; responses never carry tracebacks.  A streamed request is released in the
+engine as soon as its client goes away; a raw audio stream that fails midway is cut off
+without its last chunk, so a client sees a broken transfer, not a short success.
+
+A dead or stalled stage gets the engine replaced (engine/supervisor.py); `/health` says
+`restarting`, then `ok`.  SIGTERM lets in-flight requests finish (uvicorn's graceful
 shutdown), then closes the engine, which ends every stage process.
 """
 from __future__ import annotations
@@ -13,29 +19,39 @@ import binascii
 import io
 import json
 import os
+import logging
 import struct
 import time
+import traceback
+import uuid
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import soundfile as sf
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException
 
 from engine.engine import TTSEngine
+from engine.errors import EngineError
 from engine.presets import SAMPLE_RATE
 from engine.request import (MAX_INPUT_CHARS, MAX_NEW_TOKENS, MAX_SEED, MAX_TEMPERATURE, RequestError,
                             SpeechRequest)
+from engine.supervisor import RestartPolicy, Supervisor
+
+log = logging.getLogger("lanekeeper.server")
 
 MODEL_ID = "qwen3-tts"
 MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp3": "audio/mpeg",
                "opus": "audio/opus"}
 STREAMABLE = ("wav", "pcm")
 MAX_REF_AUDIO_BYTES = 20 * 1024 * 1024
+MAX_BODY_BYTES = 32 * 1024 * 1024   # a base64 ref_audio at its cap, plus the rest of the body
+EXIT_STARTUP_FAILED = 3             # as uvicorn: the engine never started
+EXIT_GAVE_UP = 4                    # the engine kept failing past the restart limit
 _TAKEN = object()
 
 
@@ -63,19 +79,32 @@ class SpeechBody(BaseModel):
 
 class APIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type_: str = "invalid_request_error", extra: dict | None = None):
+                 type_: str = "invalid_request_error", extra: dict | None = None, headers: dict | None = None,
+                 trace: str | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.type, self.extra = \
             status, message, param, code, type_, extra
+        self.headers = headers
+        self.trace = trace or (extra or {}).get("traceback")
+        self.error_id: str | None = None
 
     def body(self) -> dict:
+        """The OpenAI error object.  A server error is logged here, once, under the id the client gets."""
         err = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        if self.status >= 500:
+            if self.error_id is None:
+                self.error_id = "err_" + uuid.uuid4().hex[:16]
+                detail = json.dumps({k: v for k, v in (self.extra or {}).items() if k != "traceback"}, default=str)
+                log.error("%s: %d %s: %s %s%s", self.error_id, self.status, self.code, self.message, detail,
+                          "\n" + self.trace if self.trace else "")
+            err["id"] = self.error_id
+            err["message"] = f"{self.message} (error id {self.error_id} in the server log)"
         if self.extra:
-            err["diagnosis"] = self.extra
+            err["diagnosis"] = {k: v for k, v in self.extra.items() if k != "traceback"}
         return {"error": err}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def engine_error(error: dict) -> APIError:
@@ -87,10 +116,81 @@ def engine_error(error: dict) -> APIError:
     return APIError(status, error.get("message", kind), code=kind, type_="server_error", extra=error)
 
 
+def parse_body(raw: bytes) -> "SpeechBody":
+    """The request body as a SpeechBody, or a 400 that says what is wrong with it and where."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise APIError(400, f"request body is not UTF-8: byte 0x{raw[e.start]:02x} at offset {e.start}",
+                       code="invalid_json") from None
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise APIError(400, "request body nests too deeply to parse", code="invalid_json") from None
+    except ValueError as e:
+        raise APIError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError(400, f"request body must be a JSON object, not {type(data).__name__}", code="invalid_json")
+    try:
+        return SpeechBody.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        param = ".".join(str(p) for p in err.get("loc", ())) or None
+        msg = "unknown field" if err.get("type") == "extra_forbidden" else err.get("msg", "invalid request")
+        raise APIError(400, f"{param}: {msg}" if param else msg, param) from None
+    except RecursionError:
+        raise APIError(400, "request body nests too deeply to validate", code="invalid_json") from None
+
+
+async def read_body(request: Request) -> bytes:
+    """The body, refused with 413 as soon as it passes MAX_BODY_BYTES (never buffered whole)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise APIError(413, f"request body is {int(declared)} bytes; at most {MAX_BODY_BYTES}", code="body_too_large")
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > MAX_BODY_BYTES:
+            raise APIError(413, f"request body is over {MAX_BODY_BYTES} bytes", code="body_too_large")
+        parts.append(part)
+    return b"".join(parts)
+
+
+class StreamCut(Exception):
+    """Raised by a raw audio body to end the transfer without its last chunk."""
+
+
+class AudioStream(StreamingResponse):
+    """A streamed body that can be cut off, and that always runs `on_close`, even if it never started.
+
+    HTTP has no way to fail a response whose headers are sent, except not finishing it: without
+    the final chunk uvicorn closes the connection and every client reports an incomplete read.
+    """
+
+    def __init__(self, content, on_close, **kw):
+        super().__init__(content, **kw)
+        self.on_close = on_close
+
+    async def stream_response(self, send) -> None:
+        try:
+            await super().stream_response(send)
+        except StreamCut:
+            pass
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
 class Metrics:
     def __init__(self):
         self.registry = CollectorRegistry()
-        self.requests = Counter("lanekeeper_requests", "Speech requests by final status", ["status"],
+        self.requests = Counter("lanekeeper_requests", "Speech requests by final status: success, error, "
+                                "cancelled (client gone), rejected (4xx before the engine)", ["status"],
+                                registry=self.registry)
+        self.restarts = Counter("lanekeeper_engine_restarts", "Engines replaced after a dead or stalled stage",
                                 registry=self.registry)
         self.ttfp = Histogram("lanekeeper_time_to_first_audio_seconds", "Time to the first audio packet",
                               registry=self.registry,
@@ -101,14 +201,37 @@ class Metrics:
         self.in_flight = Gauge("lanekeeper_requests_in_flight", "Requests being served", registry=self.registry)
         self.queue_depth = Gauge("lanekeeper_stage_queue_depth", "Requests waiting or running per stage",
                                  ["stage"], registry=self.registry)
+        for status in ("success", "error", "cancelled", "rejected"):
+            self.requests.labels(status=status)
 
-    def finish(self, status: str, started: float, first_audio: float | None, audio_s: float) -> None:
-        self.requests.labels(status=status).inc()
-        if first_audio is not None:
-            self.ttfp.observe(first_audio - started)
-        if audio_s > 0:
-            self.audio.inc(audio_s)
-            self.rtf.observe((time.monotonic() - started) / audio_s)
+
+class Call:
+    """One speech request from arrival to its end, counted exactly once, by how it ended."""
+
+    def __init__(self, metrics: Metrics):
+        self.metrics, self.started = metrics, time.monotonic()
+        self.first_audio: float | None = None
+        self.audio_s = 0.0
+        self.done = False
+        metrics.in_flight.inc()
+
+    def audio(self, samples: int) -> None:
+        if samples:
+            self.first_audio = self.first_audio or time.monotonic()
+            self.audio_s += samples / SAMPLE_RATE
+
+    def finish(self, status: str) -> None:
+        if self.done:
+            return
+        self.done = True
+        m = self.metrics
+        m.in_flight.dec()
+        m.requests.labels(status=status).inc()
+        if self.first_audio is not None:
+            m.ttfp.observe(self.first_audio - self.started)
+        if self.audio_s > 0:
+            m.audio.inc(self.audio_s)
+            m.rtf.observe((time.monotonic() - self.started) / self.audio_s)
 
 
 def pcm16(audio: np.ndarray) -> bytes:
@@ -179,49 +302,79 @@ class ReferenceLoader:
         return audio.mean(axis=1), sr
 
 
-def create_app(engine_factory, allowed_local_media_path: str | None = None,
-               model_id: str = MODEL_ID) -> FastAPI:
-    """`engine_factory()` builds the engine at start-up; the app closes it at shutdown."""
-    state: dict = {"engine": None, "shutting_down": False}
+def create_app(engine_factory, allowed_local_media_path: str | None = None, model_id: str = MODEL_ID,
+               policy: RestartPolicy = RestartPolicy(), on_give_up=lambda reason: None) -> FastAPI:
+    """`engine_factory()` builds an engine at start-up and after each restart; the app closes it at shutdown.
+    `on_give_up(reason)` is called once the engine failed past the restart limit."""
+    state = {"shutting_down": False}
     metrics = Metrics()
+    sup = Supervisor(engine_factory, policy, on_give_up=on_give_up, on_restart=metrics.restarts.inc)
     refs = ReferenceLoader(allowed_local_media_path)
 
     async def lifespan(app):
-        state["engine"] = await asyncio.get_running_loop().run_in_executor(None, engine_factory)
+        await asyncio.get_running_loop().run_in_executor(None, sup.start_engine)
         try:
             yield
         finally:
             state["shutting_down"] = True
-            await asyncio.get_running_loop().run_in_executor(None, state["engine"].close)
+            await asyncio.get_running_loop().run_in_executor(None, sup.stop)
 
     app = FastAPI(title="lanekeeper speech", lifespan=lifespan)
-    app.state.lanekeeper = state
+    app.state.supervisor = sup
     app.state.metrics = metrics
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError):
-        err = exc.errors()[0]
-        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
-        if err.get("type") == "json_invalid" or (not loc and err.get("type") in ("model_attributes_type",
-                                                                                  "dict_type", "missing")):
-            return APIError(400, "request body is not a valid JSON object", code="invalid_json").response()
-        param = ".".join(loc) or None
-        msg = "unknown field" if err.get("type") == "extra_forbidden" else err.get("msg", "invalid request")
-        return APIError(400, f"{param}: {msg}" if param else msg, param).response()
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
         return exc.response()
 
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return APIError(exc.status_code, message, code=code, headers=exc.headers).response()
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception):
+        trace = "".join(traceback.format_exception(exc))
+        return APIError(500, f"internal server error ({type(exc).__name__})", code="internal_error",
+                        type_="server_error", trace=trace).response()
+
+    def unavailable() -> APIError | None:
+        """Why no request can be served now, or None."""
+        if state["shutting_down"]:
+            return APIError(503, "server is shutting down", code="shutting_down", type_="server_error")
+        if sup.state == "starting":
+            return APIError(503, "engine is starting", code="engine_starting", type_="server_error",
+                            headers={"Retry-After": "5"})
+        if sup.state == "restarting":
+            return APIError(503, f"engine is restarting after: {sup.reason}", code="engine_restarting",
+                            type_="server_error", headers={"Retry-After": str(max(1, round(sup.retry_after)))})
+        if sup.state == "failed":
+            return APIError(503, f"engine failed past its restart limit: {sup.reason}", code="engine_failed",
+                            type_="server_error")
+        verdict = sup.engine.verdict()
+        if verdict is not None:
+            return APIError(503, verdict["message"], code=verdict["kind"], type_="server_error", extra=verdict,
+                            headers={"Retry-After": "1"})
+        return None
+
     @app.get("/health")
     async def health():
-        engine: TTSEngine | None = state["engine"]
-        if engine is None or state["shutting_down"] or engine.closed:
-            return JSONResponse({"status": "shutting_down"}, status_code=503)
-        dead = engine.dead_stages()
-        if dead:
-            return JSONResponse({"status": "unhealthy", "dead_stages": dead}, status_code=503)
-        return {"status": "ok"}
+        down = unavailable()
+        if down is None:
+            dead = sup.engine.dead_stages()   # before the watchdog's next tick has seen it
+            if not dead:
+                return {"status": "ok", "restarts": sup.restarts}
+            return JSONResponse({"status": "unhealthy", "dead_stages": dead,
+                                 "reason": f"stage(s) {', '.join(map(str, dead))} exited"}, status_code=503)
+        status = {"engine_restarting": "restarting", "shutting_down": "shutting_down",
+                  "engine_starting": "starting"}.get(down.code, "unhealthy")
+        body = {"status": status, "reason": down.message, "restarts": sup.restarts}
+        if down.extra:
+            body["stage"] = down.extra.get("stage")
+        if sup.engine is not None and not sup.engine.closed and sup.engine.dead_stages():
+            body["dead_stages"] = sup.engine.dead_stages()
+        return JSONResponse(body, status_code=503, headers=down.headers)
 
     @app.get("/v1/models")
     async def models():
@@ -230,17 +383,28 @@ def create_app(engine_factory, allowed_local_media_path: str | None = None,
 
     @app.get("/metrics")
     async def prometheus():
-        engine = state["engine"]
-        if engine is not None:
+        engine = sup.engine
+        if engine is not None and not engine.closed:
             for stage, depth in engine.queue_depths().items():
                 metrics.queue_depth.labels(stage=str(stage)).set(depth)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/audio/speech")
-    async def speech(body: SpeechBody, request: Request):
-        engine: TTSEngine | None = state["engine"]
-        if engine is None or state["shutting_down"]:
-            raise APIError(503, "server is shutting down", code="shutting_down", type_="server_error")
+    async def speech(request: Request):
+        call = Call(metrics)
+        try:
+            return await synthesize(request, call)
+        except APIError as e:
+            call.finish("rejected" if e.status < 500 else "error")
+            raise
+        except asyncio.CancelledError:
+            call.finish("cancelled")
+            raise
+        except BaseException:
+            call.finish("error")
+            raise
+
+    def to_request(body: SpeechBody) -> SpeechRequest:
         if body.model not in (model_id, "tts-1", "tts-1-hd", "gpt-4o-mini-tts"):
             raise APIError(404, f"model {body.model!r} does not exist; this server serves {model_id!r}",
                            "model", "model_not_found")
@@ -264,28 +428,28 @@ def create_app(engine_factory, allowed_local_media_path: str | None = None,
             req.validate()
         except RequestError as e:
             raise APIError(400, str(e), e.param) from None
+        return req
 
+    async def synthesize(request: Request, call: Call):
+        body = parse_body(await read_body(request))
+        req = to_request(body)
+        down = unavailable()
+        if down is not None:
+            raise down
+        engine: TTSEngine = sup.engine
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
-        started = time.monotonic()
-        tracked = engine.submit(req, listener=lambda item: loop.call_soon_threadsafe(events.put_nowait, item))
-        metrics.in_flight.inc()
-        book = {"first": None, "audio_s": 0.0, "done": False}
-
-        def finish(status: str) -> None:
-            if not book["done"]:
-                book["done"] = True
-                metrics.in_flight.dec()
-                metrics.finish(status, started, book["first"], book["audio_s"])
+        try:
+            tracked = engine.submit(req, listener=lambda item: loop.call_soon_threadsafe(events.put_nowait, item))
+        except EngineError:   # closed between the check and the submit: a restart began
+            raise unavailable() or APIError(503, "engine is closed", code="EngineClosed", type_="server_error")
 
         try:
             first_item = await events.get()   # so that a request refused up front gets a proper status
         except asyncio.CancelledError:
             engine.abort(req.request_id)
-            finish("cancelled")
             raise
         if first_item is None and tracked.error is not None:
-            finish("error")
             raise engine_error(tracked.error)
 
         async def chunks():
@@ -298,39 +462,40 @@ def create_app(engine_factory, allowed_local_media_path: str | None = None,
                     if tracked.error is not None:
                         raise engine_error(tracked.error)
                     return
-                if len(item.audio):
-                    book["first"] = book["first"] or time.monotonic()
-                    book["audio_s"] += len(item.audio) / SAMPLE_RATE
+                call.audio(len(item.audio))
                 audio, item = item.audio, _TAKEN
                 yield audio
 
         if not body.stream:
             try:
                 parts = [a async for a in chunks()]
-            except APIError:
-                finish("error")
-                raise
             except asyncio.CancelledError:
                 engine.abort(req.request_id)
-                finish("cancelled")
                 raise
-            finish("success")
+            call.finish("success")
             audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
             return Response(encode(audio, body.response_format), media_type=MEDIA_TYPES[body.response_format])
 
+        def closed() -> None:
+            if not call.done:   # the client went away, or the body never started
+                engine.abort(req.request_id)
+                call.finish("cancelled")
+
         async def stream_audio():
+            sent = 0
+            if body.response_format == "wav":
+                yield wav_header()
             try:
-                if body.response_format == "wav":
-                    yield wav_header()
                 async for audio in chunks():
-                    yield pcm16(audio)
-                finish("success")
-            except APIError:
-                finish("error")   # headers are gone; ending the body early is all HTTP allows
-            finally:
-                if not book["done"]:
-                    engine.abort(req.request_id)
-                    finish("cancelled")
+                    data = pcm16(audio)
+                    sent += len(data)
+                    yield data
+            except APIError as e:
+                e.body()   # logged under its error id
+                log.error("%s: audio stream of request %s cut off after %d bytes", e.error_id, req.request_id, sent)
+                call.finish("error")
+                raise StreamCut() from None
+            call.finish("success")
 
         async def stream_sse():
             frames = 0
@@ -346,28 +511,38 @@ def create_app(engine_factory, allowed_local_media_path: str | None = None,
                 usage = {"input_tokens": len(body.input.encode()), "output_tokens": frames,
                          "total_tokens": len(body.input.encode()) + frames}
                 yield f"data: {json.dumps({'type': 'speech.audio.done', 'usage': usage})}\n\n"
-                finish("success")
+                call.finish("success")
             except APIError as e:
                 yield f"data: {json.dumps({'type': 'speech.audio.error', **e.body()})}\n\n"
-                finish("error")
-            finally:
-                if not book["done"]:
-                    engine.abort(req.request_id)
-                    finish("cancelled")
+                call.finish("error")
 
         if body.stream_format == "sse":
-            return StreamingResponse(stream_sse(), media_type="text/event-stream")
-        return StreamingResponse(stream_audio(), media_type=MEDIA_TYPES[body.response_format])
+            return AudioStream(stream_sse(), closed, media_type="text/event-stream")
+        return AudioStream(stream_audio(), closed, media_type=MEDIA_TYPES[body.response_format])
 
     return app
 
 
 def serve(profile, host: str = "127.0.0.1", port: int = 8000, allowed_local_media_path: str | None = None,
-          graceful_timeout: float = 30.0) -> None:
+          graceful_timeout: float = 30.0, policy: RestartPolicy = RestartPolicy()) -> int:
+    """Serve until SIGTERM/SIGINT (0), or until the engine failed past the restart limit (EXIT_GAVE_UP)."""
     import uvicorn
 
     if allowed_local_media_path and not os.path.isdir(allowed_local_media_path):
         raise RequestError(f"--allowed-local-media-path {allowed_local_media_path}: not a directory",
                            "allowed_local_media_path")
-    app = create_app(lambda: TTSEngine(profile), allowed_local_media_path)
-    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=graceful_timeout)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    outcome = {"code": 0}
+    server: uvicorn.Server | None = None
+
+    def give_up(reason: str) -> None:
+        outcome["code"] = EXIT_GAVE_UP
+        server.should_exit = True   # uvicorn's own shutdown: in-flight requests end, the lifespan closes
+
+    app = create_app(lambda: TTSEngine(profile), allowed_local_media_path, policy=policy, on_give_up=give_up)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info",
+                                           timeout_graceful_shutdown=graceful_timeout))
+    server.run()
+    if not server.started:
+        return EXIT_STARTUP_FAILED
+    return outcome["code"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -19,7 +20,7 @@ from engine.models import build_models
 from engine.presets import CODEBOOKS, SAMPLES_PER_FRAME, SAMPLE_RATE
 from engine.sampling import RequestSampler, SamplingParams, sample_first
 from engine.faults import Injector
-from engine.stage_loop import Heart, device_for, drain, fatal, setup_torch, stall_forever
+from engine.stage_loop import Heart, device_for, drain, fatal, request_crashed, setup_torch, stall_forever
 from engine.tokenizer import frames_for_text
 
 
@@ -41,6 +42,11 @@ class Talker:
         self.sent: dict[str, int] = {}
         self.started: dict[str, float] = {}
         self.steps = 0
+        self.stepping: list[Sequence] = []   # the requests the current step is working on
+        # Handoff counters: a window begun and not yet done means stage 0 is inside a handoff, so the
+        # watchdog calls a long wait there a handoff stall, not a stalled stage.
+        self.handoffs_begun = self.handoffs_done = 0
+        self.handoff_request: str | None = None
 
     def make_runner(self, profile):
         return make_runner(profile.config.model_runner, self.models, self.stage, self.device,
@@ -73,6 +79,25 @@ class Talker:
         self.started[req.request_id] = time.monotonic()
         self.waiting.append(Sequence(req, RequestSampler(params), prompt))
 
+    @contextmanager
+    def isolated(self, request_id: str):
+        """An exception while handling this one request fails it, with the traceback, and nothing else."""
+        try:
+            yield
+        except CapacityError:
+            raise
+        except Exception:
+            request_crashed(self.out_q, 0, [request_id])
+            self.abort(request_id)
+
+    def fail_step(self) -> None:
+        """A batched step raised: fail the requests it was working on; the stage goes on with the rest."""
+        hit, self.stepping = self.stepping, []
+        request_crashed(self.out_q, 0, [s.request_id for s in hit])
+        for seq in hit:
+            self.runner.release(seq)   # admitted ones may not be in `running` yet
+            self.abort(seq.request_id)
+
     def abort(self, request_id: str) -> None:
         for seq in [s for s in self.waiting if s.request_id == request_id]:
             self.waiting.remove(seq)
@@ -90,6 +115,7 @@ class Talker:
     @torch.no_grad()
     def step(self) -> None:
         self.steps += 1
+        self.stepping = list(self.running)
         rows: list[Sequence] = []
         hiddens, logits = [], []
         if self.running:
@@ -104,6 +130,7 @@ class Talker:
             if admitted and seq.prompt.shape[0] > budget:
                 break
             self.waiting.popleft()
+            self.stepping.append(seq)
             budget -= seq.prompt.shape[0]
             self.runner.add(seq)
             h, lg = self.runner.prefill(seq)
@@ -127,29 +154,38 @@ class Talker:
                 rows[i].frames.append(codes[k])
                 rows[i].next_embed = embeds[k]
         for i, seq in enumerate(rows):
-            finished = c0[i] in stops
-            self._hand_off(seq, finished)
-            if finished:
-                self._finish(seq)
+            with self.isolated(seq.request_id):
+                finished = c0[i] in stops
+                self._hand_off(seq, finished)
+                if finished:
+                    self._finish(seq)
+        self.stepping = []
 
     def _hand_off(self, seq: Sequence, finished: bool) -> None:
         rid = seq.request_id
+        self.faults.raise_at(len(seq.frames), rid)
         window = self.policy.window(seq.frames, self.sent.get(rid, 0), finished, rid)
         if window is not None:
             end = window.start + len(window.codes)
-            self.sent[rid] = end
             if self.faults.drop(end):
+                self.sent[rid] = end
                 return   # injected: counted as handed off, never delivered
+            self.handoff_request = rid
+            self.handoffs_begun += 1
             delay = self.faults.delay_s()
             if delay:
                 time.sleep(delay)
             self.handoff_q.put(window)
+            self.sent[rid] = end   # handed off once delivered: frames still on this side are not stage 1's to wait for
+            self.handoffs_done += 1
 
     def stats(self) -> dict:
         """Progress for the heartbeat: per request, frames produced and handed off."""
         running = [(s.request_id, len(s.frames)) for s in list(self.running)]
         sent = dict(self.sent)
         return {"depth": len(self.waiting) + len(running), "steps": self.steps,
+                "handoffs_begun": self.handoffs_begun, "handoffs_done": self.handoffs_done,
+                "handoff_request": self.handoff_request,
                 "requests": {rid: (n, sent.get(rid, 0)) for rid, n in running}}
 
     def _finish(self, seq: Sequence) -> None:
@@ -190,7 +226,8 @@ def run(profile, queues, parent_pid: int, faults=()) -> None:
             for msg in drain(in_q, block=not talker.busy, parent_pid=parent_pid):
                 kind = msg[0]
                 if kind == "add":
-                    talker.add(msg[1])
+                    with talker.isolated(msg[1].request_id):
+                        talker.add(msg[1])
                 elif kind == "abort":
                     talker.abort(msg[1])
                 elif kind == "stop":
@@ -198,7 +235,12 @@ def run(profile, queues, parent_pid: int, faults=()) -> None:
                     handoff_q.put(("stop",))
                     return
             if talker.busy:
-                talker.step()
+                try:
+                    talker.step()
+                except CapacityError:
+                    raise
+                except Exception:
+                    talker.fail_step()
     except SystemExit:
         raise
     except CapacityError as e:   # a configuration problem: the message is the whole story

@@ -17,7 +17,7 @@ from engine.models import build_models
 from engine.presets import SAMPLES_PER_FRAME
 from engine.request import AudioChunk, Frames
 from engine.faults import Injector
-from engine.stage_loop import Heart, device_for, drain, fatal, setup_torch, stall_forever
+from engine.stage_loop import Heart, device_for, drain, fatal, request_crashed, setup_torch, stall_forever
 
 
 class Code2Wav:
@@ -38,15 +38,27 @@ class Code2Wav:
         self.codes: dict[str, np.ndarray] = {}
         self.chunks: dict[str, int] = {}
         self.first_seen: dict[str, float] = {}
+        self.failed: set[str] = set()   # requests whose decode raised: their later windows are dropped
 
     def stats(self) -> dict:
         return {"depth": len(self.first_seen), "busy": self.busy, "windows": self.windows}
 
     @torch.no_grad()
     def decode(self, window: Frames) -> None:
+        """One window.  If it raises, that request fails with the traceback and the stage goes on."""
         self.busy = True
         try:
+            if window.request_id in self.failed:
+                if window.final:
+                    self.failed.discard(window.request_id)
+                return
+            self.faults.raise_at(window.start + len(window.codes), window.request_id)
             self._decode(window)
+        except Exception:
+            request_crashed(self.out_q, 1, [window.request_id])
+            self.abort(window.request_id)
+            if not window.final:
+                self.failed.add(window.request_id)
         finally:
             self.busy = False
             self.windows += 1
@@ -76,6 +88,7 @@ class Code2Wav:
             self.chunks[rid] = index + 1
 
     def abort(self, request_id: str) -> None:
+        self.failed.discard(request_id)
         self.codes.pop(request_id, None)
         self.chunks.pop(request_id, None)
         self.first_seen.pop(request_id, None)

@@ -75,9 +75,21 @@ def stall_forever() -> None:
         time.sleep(1)
 
 
+def _summary() -> str:
+    etype, value, _ = sys.exc_info()
+    return " ".join("".join(traceback.format_exception_only(etype, value)).split())
+
+
 def fatal(out_q, stage_id: int, summary: str | None = None) -> None:
     """Report the exception being handled: its traceback, and a one-line summary for error messages."""
-    if summary is None:
-        etype, value, _ = sys.exc_info()
-        summary = " ".join("".join(traceback.format_exception_only(etype, value)).split())
-    out_q.put(("fatal", stage_id, traceback.format_exc(), summary))
+    out_q.put(("fatal", stage_id, traceback.format_exc(), summary or _summary()))
+
+
+def request_crashed(out_q, stage_id: int, request_ids) -> None:
+    """The exception being handled fails these requests only; the stage goes on with the rest.
+
+    One request that trips a bug must not cost every other request a dead stage and a restart.
+    """
+    tb, summary = traceback.format_exc(), _summary()
+    for rid in request_ids:
+        out_q.put(("crash", rid, stage_id, summary, tb))

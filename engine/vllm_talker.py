@@ -210,7 +210,9 @@ class VllmTalker(Talker):
     @torch.no_grad()
     def step(self) -> None:
         self.steps += 1
+        self.stepping = list(self.running)
         self._admit()
+        self.stepping = list(self.running)
         if not self.running:   # vLLM's step would wait for outputs that no request will produce
             return
         by_id = {s.request_id: s for s in self.running}
@@ -234,7 +236,9 @@ class VllmTalker(Talker):
             for k, seq in enumerate(rows):
                 seq.frames.append(codes[k])
         for rid in new:
-            seq, done = by_id[rid], rid in finished
-            self._hand_off(seq, done)
-            if done:
-                self._finish(seq)
+            with self.isolated(rid):
+                seq, done = by_id[rid], rid in finished
+                self._hand_off(seq, done)
+                if done:
+                    self._finish(seq)
+        self.stepping = []

@@ -90,12 +90,60 @@ def test_bad_request(case, srv, media):
     _ok(srv)
 
 
-@pytest.mark.parametrize("payload", [b"{not json", b"[1, 2]", b""])
-def test_bad_json(payload, srv):
+BAD_BODIES = {
+    "not_json": (b"{not json", "not valid JSON"),
+    "array": (b"[1, 2]", "must be a JSON object, not list"),
+    "empty": (b"", "not valid JSON"),
+    "not_utf8": (b'{"input": "\xff\xfe"}', "not UTF-8: byte 0xff at offset 11"),
+    "deep_array": (b"[" * 200_000 + b"]" * 200_000, "nests too deeply"),
+    "deep_in_a_field": (b'{"input": ' + b'{"a": ' * 50_000 + b"1" + b"}" * 50_001, "nests too deeply"),
+    "infinity": (b'{"input": "Hi.", "temperature": Infinity}', "temperature: Input should be a finite number"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_BODIES))
+def test_bad_json(case, srv):
+    payload, message = BAD_BODIES[case]
     r = _post(srv, content=payload, headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
-    assert r.json()["error"]["code"] == "invalid_json"
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
+    assert message in err["message"], err
     _ok(srv)
+
+
+def test_framework_errors_are_openai_shaped(srv):
+    for method, path, status, code in [("GET", "/v1/nothing", 404, "not_found"),
+                                       ("GET", "/v1/audio/speech", 405, "method_not_allowed"),
+                                       ("DELETE", "/health", 405, "method_not_allowed")]:
+        r = httpx.request(method, srv.url + path)
+        assert r.status_code == status and r.json()["error"]["code"] == code, r.text
+        assert path in r.json()["error"]["message"]
+    r = _post(srv, content=b"x" * (33 * 2**20), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large", r.text
+    _ok(srv)
+
+
+def test_metrics_count_every_request(srv, media):
+    """Refused at parse time, refused by validation, refused by the stage, served: each counted exactly once."""
+    from tests.e2e.online.test_load_and_shutdown import metrics
+
+    def totals():
+        m = metrics(srv)
+        return {s: m.get(("lanekeeper_requests_total", (("status", s),)), 0.0)
+                for s in ("success", "error", "cancelled", "rejected")}
+
+    before = totals()
+    for payload, _ in BAD_BODIES.values():
+        _post(srv, content=payload, headers={"content-type": "application/json"})
+    for body, *_ in _cases(media[1]).values():
+        _post(srv, json=body)
+    _post(srv, json={"input": "x" * 4000, "response_format": "pcm"})   # longer than the stage's max_model_len
+    _ok(srv)
+    after = totals()
+    sent = len(BAD_BODIES) + len(_cases(media[1])) + 2
+    assert sum(after.values()) - sum(before.values()) == sent, (before, after)
+    assert after["rejected"] - before["rejected"] == sent - 1 and after["success"] - before["success"] == 1
 
 
 def test_allowed_local_file(srv, media):
@@ -109,5 +157,5 @@ def test_local_files_off_by_default(server, platform):
 
 
 def test_models_and_health(srv):
-    assert httpx.get(srv.url + "/health").json() == {"status": "ok"}
+    assert httpx.get(srv.url + "/health").json() == {"status": "ok", "restarts": 0}
     assert [m["id"] for m in httpx.get(srv.url + "/v1/models").json()["data"]] == ["qwen3-tts"]
