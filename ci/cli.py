@@ -13,6 +13,7 @@ import sys
 
 from engine.config import BACKENDS, PLATFORMS, ProfileError, check_file, dump_yaml, resolve
 from engine.engine import EngineError
+from ci.argtypes import port, seconds, whole_number
 from ci.ci_api import CIAPIError
 from ci.history import HistoryError
 from ci.rollback import RollbackError
@@ -100,13 +101,6 @@ def cmd_profile_pin(args) -> int:
     return 0
 
 
-def _port(text: str) -> int:
-    port = int(text)
-    if not 0 < port < 65536:
-        raise argparse.ArgumentTypeError(f"port must be 1..65535, got {port}")
-    return port
-
-
 def cmd_serve(args) -> int:
     import faulthandler
     import os
@@ -124,26 +118,6 @@ def cmd_serve(args) -> int:
     policy = RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window)
     return serve(profile, host=args.host, port=args.port, allowed_local_media_path=args.allowed_local_media_path,
                  policy=policy)
-
-
-def _count(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {n}")
-    return n
-
-
-def _seconds(text: str) -> float:
-    try:
-        s = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not 0 < s < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return s
 
 
 def _version() -> str:
@@ -186,13 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve the OpenAI-compatible speech API")
     _profile_args(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    serve.add_argument("--port", type=_port, default=8000, help="port to listen on (default: %(default)s)")
+    serve.add_argument("--port", type=port, default=8000, help="port to listen on (default: %(default)s)")
     serve.add_argument("--allowed-local-media-path", metavar="DIR",
                        help="directory that file:// ref_audio paths may read from")
-    serve.add_argument("--max-restarts", type=_count, default=5, metavar="N",
+    serve.add_argument("--max-restarts", type=whole_number(0), default=5, metavar="N",
                        help="engine restarts allowed within --restart-window; one more and the server exits "
                             "with status 4 (default: %(default)s)")
-    serve.add_argument("--restart-window", type=_seconds, default=300.0, metavar="SECONDS",
+    serve.add_argument("--restart-window", type=seconds, default=300.0, metavar="SECONDS",
                        help="the window --max-restarts counts over (default: %(default)s)")
     serve.set_defaults(func=cmd_serve)
 

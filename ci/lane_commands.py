@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from ci import ci_api, junit, lanes, pipelines, run_lane
+from ci.argtypes import seconds, whole_number
 
 
 def cmd_lanes(args) -> int:
@@ -233,32 +234,8 @@ def cmd_history_add(args) -> int:
     return 0
 
 
-def _at_least_one(text: str) -> int:
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return value
-
-
 def _api_deadline(p) -> None:
-    p.add_argument("--api-deadline", type=_seconds, metavar="SECONDS",
+    p.add_argument("--api-deadline", type=seconds, metavar="SECONDS",
                    help="give up on the CI API after this long, retries included "
                         "(default: LANEKEEPER_API_DEADLINE or 60)")
 
@@ -316,7 +293,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--apply", action="store_true", help="create the rollback branch and commit (default: dry run)")
     p.add_argument("--verify", choices=("config", "lane", "none"), default="config",
                    help="run tests/config or the lane on the rollback commit before keeping it (default: %(default)s)")
-    p.add_argument("--min-red", type=_at_least_one, default=2,
+    p.add_argument("--min-red", type=whole_number(1), default=2,
                    help="red builds on distinct commits needed (default: 2)")
     p.add_argument("--keys", metavar="KEY[,KEY...]",
                    help="restore only these of the keys the culprit changed (default: all of them)")

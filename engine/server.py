@@ -136,8 +136,10 @@ def parse_body(raw: bytes) -> "SpeechBody":
     except ValidationError as e:
         err = e.errors()[0]
         param = ".".join(str(p) for p in err.get("loc", ())) or None
-        msg = "unknown field" if err.get("type") == "extra_forbidden" else err.get("msg", "invalid request")
-        raise APIError(400, f"{param}: {msg}" if param else msg, param) from None
+        unknown = err.get("type") == "extra_forbidden"
+        msg = "unknown field" if unknown else err.get("msg", "invalid request")
+        raise APIError(400, f"{param}: {msg}" if param else msg, param,
+                       "unknown_field" if unknown else "invalid_value") from None
     except RecursionError:
         raise APIError(400, "request body nests too deeply to validate", code="invalid_json") from None
 
@@ -427,7 +429,7 @@ def create_app(engine_factory, allowed_local_media_path: str | None = None, mode
         try:
             req.validate()
         except RequestError as e:
-            raise APIError(400, str(e), e.param) from None
+            raise APIError(400, str(e), e.param, "invalid_value") from None
         return req
 
     async def synthesize(request: Request, call: Call):
