@@ -221,8 +221,11 @@ class TTSEngine:
             if reader is not None and reader is not threading.current_thread():
                 reader.join(2)
             for q in (self.in_q, self.handoff_q, self.out_q):
-                q.cancel_join_thread()
+                q.cancel_join_thread()   # a feeder blocked on a pipe nobody reads must not hold up close...
                 q.close()
+                feeder = getattr(q, "_thread", None)
+                if feeder is not None:   # ...but one that is only finishing gets a moment: it holds the queue's
+                    feeder.join(1.0)     # semaphores, and a daemon thread cut off at exit leaks them
             # Drop the queues so their semaphores are released now, not reported as leaked at exit.
             self.in_q = self.handoff_q = self.out_q = _ClosedQueue()
             _LIVE.discard(self)
