@@ -31,3 +31,15 @@ def port(text: str) -> int:
     if value > 65535:
         raise argparse.ArgumentTypeError(f"port must be 1..65535, got {value}")
     return value
+
+
+def shard(text: str) -> tuple[int, int]:
+    """`K/N`: the K-th of N shards, counted from 1 (as a person says "shard 1 of 2")."""
+    k, sep, n = text.partition("/")
+    try:
+        k, n = int(k), int(n)
+    except ValueError:
+        k = n = 0
+    if not sep or not 1 <= k <= n:
+        raise argparse.ArgumentTypeError(f"expected K/N with 1 <= K <= N (shard K of N), got {text!r}")
+    return k, n

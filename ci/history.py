@@ -19,6 +19,7 @@ onto these).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import quote
@@ -33,6 +34,13 @@ GITHUB_STATES = {"success": "passed", "failure": "failed", "timed_out": "timed_o
                  None: "running"}
 
 
+SHARD_NAME = re.compile(r"^(.*) \(shard (\d+)/(\d+)\)$")
+
+
+def shard_label(label: str, shard: tuple[int, int]) -> str:
+    return f"{label} (shard {shard[0]}/{shard[1]})"
+
+
 class HistoryError(Exception):
     pass
 
@@ -44,6 +52,7 @@ class LaneResult:
     soft_failed: bool = False
     retried: bool = False
     signal_reason: str | None = None
+    shard: int | None = None   # which shard of a sharded lane (1-based); None for a lane run whole
 
     @property
     def verdict(self) -> str:
@@ -73,11 +82,33 @@ class Build:
     def results(self, lane) -> list[LaneResult]:
         return self.lanes.get(lane.key, []) + self.lanes.get(lane.label, [])
 
+    def verdict(self, lane) -> tuple[str, bool]:
+        """The lane's one result in this build, however many shards and attempts it ran as, and whether a
+        shard both failed and passed in it (a retry that flipped: flaky).
+
+        Per shard the last green or red attempt counts (a retry after a lost agent replaces it).  The lane
+        is red if any shard is red, else infra if any shard is infra, else green if any shard ran, else
+        none: a lane is infrastructure only when every shard that is not green is.
+        """
+        last: dict[int | None, str] = {}
+        seen: dict[int | None, set] = {}
+        for r in self.results(lane):
+            v = r.verdict
+            if v in ("green", "red"):
+                seen.setdefault(r.shard, set()).add(v)
+            if v in ("green", "red") or last.get(r.shard, "none") == "none":
+                last[r.shard] = v
+        flaky = any(vs == {"green", "red"} for vs in seen.values())
+        for v in ("red", "infra", "green"):
+            if v in last.values():
+                return v, flaky
+        return "none", flaky
+
 
 def _result(data, where: str) -> LaneResult:
     if not isinstance(data, dict):
         raise HistoryError(f"{where}: expected an object with at least 'state'")
-    unknown = set(data) - {"state", "exit_status", "soft_failed", "retried", "signal_reason"}
+    unknown = set(data) - {"state", "exit_status", "soft_failed", "retried", "signal_reason", "shard"}
     if unknown:
         raise HistoryError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
     state = data.get("state")
@@ -89,8 +120,11 @@ def _result(data, where: str) -> LaneResult:
     for flag in ("soft_failed", "retried"):
         if not isinstance(data.get(flag, False), bool):
             raise HistoryError(f"{where}.{flag}: expected true or false")
+    shard = data.get("shard")
+    if shard is not None and (not isinstance(shard, int) or isinstance(shard, bool) or shard < 1):
+        raise HistoryError(f"{where}.shard: expected a shard number from 1, or null, got {shard!r}")
     return LaneResult(state, exit_status, data.get("soft_failed", False), data.get("retried", False),
-                      data.get("signal_reason"))
+                      data.get("signal_reason"), shard)
 
 
 def load_file(path: str | Path) -> list[Build]:
@@ -141,9 +175,10 @@ def from_buildkite(slug: str, branch: str = "main") -> list[Build]:
             if job.get("type", "script") != "script" or not job.get("name"):
                 continue
             attempts = lanes.setdefault(job["name"], [])
+            index = job.get("parallel_group_index")   # a sharded lane's jobs share its name
             attempts.append(LaneResult(job.get("state", "failed"), job.get("exit_status"),
                                        bool(job.get("soft_failed")), bool(job.get("retried")),
-                                       job.get("signal_reason")))
+                                       job.get("signal_reason"), index + 1 if isinstance(index, int) else None))
         builds.append(Build(b["number"], b["commit"], b.get("branch", branch), b.get("web_url", ""),
                             b.get("finished_at"), lanes))
     return builds
@@ -160,8 +195,13 @@ def from_github(repo: str, workflow: str, branch: str = "main") -> list[Build]:
         jobs = ci_api.paged("github", f"{root}/repos/{repo}/actions/runs/{run['id']}/jobs?filter=all", key="jobs")
         lanes: dict[str, list[LaneResult]] = {}
         for job in jobs:
-            lanes.setdefault(job["name"], []).append(
-                LaneResult(GITHUB_STATES.get(job.get("conclusion"), "failed"), retried=job.get("run_attempt", 1) > 1))
+            name, shard = job["name"], None
+            sharded = SHARD_NAME.match(name)   # the lanes workflow names a shard's job "LABEL (shard K/N)"
+            if sharded:
+                name, shard = sharded.group(1), int(sharded.group(2))
+            lanes.setdefault(name, []).append(
+                LaneResult(GITHUB_STATES.get(job.get("conclusion"), "failed"), retried=job.get("run_attempt", 1) > 1,
+                           shard=shard))
         builds.append(Build(run["run_number"], run["head_sha"], run.get("head_branch", branch), run.get("html_url", ""),
                             run.get("updated_at"), lanes))
     return builds

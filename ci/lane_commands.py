@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ci import ci_api, junit, lanes, pipelines, run_lane
-from ci.argtypes import seconds, whole_number
+from ci.argtypes import seconds, shard, whole_number
 
 
 def cmd_lanes(args) -> int:
@@ -26,7 +26,10 @@ def cmd_lanes(args) -> int:
 def cmd_run(args) -> int:
     lane = lanes.find(args.lane, lanes.load(args.lanes_file))
     artifacts = args.artifacts or f"artifacts/{lane.key}"
-    return run_lane.run(lane, artifacts, args.platform, args.dry_run)
+    shard = args.shard or lane.shard_from_env()
+    if shard is not None:   # each shard's JUnit and reports apart; `report --junit artifacts/KEY` merges them
+        artifacts = os.path.join(artifacts, f"shard-{shard[0]}-of-{shard[1]}")
+    return run_lane.run(lane, artifacts, args.platform, args.dry_run, shard=shard)
 
 
 def cmd_pipeline(args) -> int:
@@ -60,10 +63,25 @@ def cmd_pipeline(args) -> int:
     return 0
 
 
+def junit_files(paths: list[str]) -> list[str]:
+    """JUnit files, a directory standing for every junit.xml under it (a sharded lane's artifacts)."""
+    out = []
+    for p in paths:
+        if Path(p).is_dir():
+            found = sorted(str(f) for f in Path(p).rglob("junit.xml"))
+            if not found:
+                raise junit.JunitError(f"{p}: no junit.xml under this directory")
+            out += found
+        else:
+            out.append(p)
+    return out
+
+
 def cmd_report(args) -> int:
-    cases = [c for path in args.junit for c in junit.parse(path)]
+    files = junit_files(args.junit)
+    cases = [c for path in files for c in junit.parse(path)]
     summary = junit.summarize(cases)
-    stall_reports = [Path(p).parent / "stall-report.md" for p in args.junit if (Path(p).parent / "stall-report.md").exists()]
+    stall_reports = [Path(p).parent / "stall-report.md" for p in files if (Path(p).parent / "stall-report.md").exists()]
     if args.annotate:   # Buildkite serves uploaded artifacts at artifact:// links inside annotations
         notes = [f"[stall report: {r.parent.name}](artifact://{r})" for r in stall_reports]
         text = junit.render(summary, "markdown", notes)
@@ -254,6 +272,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--platform", choices=("cpu", "cuda"), help="platform to resolve profiles for (default: the lane's)")
     p.add_argument("--artifacts", help="directory for JUnit XML and reports (default: artifacts/KEY)")
     p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    p.add_argument("--shard", type=shard, metavar="K/N",
+                   help="run only shard K of N (default: on Buildkite, this parallel job's shard of a lane with "
+                        "shards; elsewhere the whole lane)")
     lanes_file(p)
     p.set_defaults(func=cmd_run)
 
@@ -276,7 +297,7 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=cmd_pipeline)
 
     p = sub.add_parser("report", help="matrix table from JUnit files")
-    p.add_argument("--junit", nargs="+", required=True, help="JUnit XML files of one or more lane runs")
+    p.add_argument("--junit", nargs="+", required=True, help="JUnit XML files of one or more lane runs; a directory means every junit.xml under it (all shards of a lane)")
     p.add_argument("--format", choices=("markdown", "json"), default="markdown", help="default: %(default)s")
     p.add_argument("--annotate", action="store_true",
                    help="also annotate the Buildkite build (style error when red, success when green)")

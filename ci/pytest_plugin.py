@@ -8,8 +8,16 @@ Options
                          are skipped with the backend's own reason
   --report-dir DIR       where stall-report.{json,md} and matrix-summary.md go
   --lane-budget SECONDS  end the whole run cleanly before a CI job timeout would
+  --shard K/N            run only the K-th of N shards: whole matrix cells, other tests one by one,
+                         balanced by test count, the same split whatever the collection order
+
+Under pytest-xdist (-n N) workers run the tests and the controller keeps the books: results,
+stall incidents (carried on the reports) and a worker's exhausted budget reach it, so the
+summary, stall report and exit status are those of a serial run.  With the default `--dist
+load`, a matrix cell goes to one worker whole, so each cell's engine or server starts once.
 
 Hooks, in the order a test meets them
+  pytest_collection_modifyitems  keeps only --shard's part of the selection
   pytest_generate_tests    a test that takes `cell` runs once per selected cell; cells are
                            session-scoped, so one engine or server serves all of a cell's tests
   pytest_runtest_protocol  gives every test a hard timeout (pytest-timeout, signal method, so the
@@ -40,8 +48,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from ci.argtypes import shard
 from ci.junit import Case, render, summarize
-from ci.matrix import CUDA_GRAPH, HANDOFFS, RUNNERS, cells, task_of
+from ci.matrix import CUDA_GRAPH, HANDOFFS, RUNNERS, cell_in, cells, task_of
 from engine.config import BACKENDS
 from engine.procs import describe_process, kill_processes
 
@@ -63,6 +72,8 @@ def pytest_addoption(parser):
                     help="directory for stall-report.json/.md and matrix-summary.md")
     group.addoption("--lane-budget", type=float, default=None, metavar="SECONDS",
                     help="stop the run cleanly once this many seconds have passed")
+    group.addoption("--shard", type=shard, default=None, metavar="K/N",
+                    help="run only shard K of N (a matrix cell is never split across shards)")
 
 
 def selected_cells(config):
@@ -96,6 +107,45 @@ def shipped_profile(config):
     backend = config.getoption("backend")
     return resolve(config.getoption("profile"), platform=config.getoption("platform") or detect_platform(),
                    overrides=TEST_WATCHDOG + ([f"backend={backend}"] if backend != "torch" else []))
+
+
+def split(nodeids: list[str], shards: int) -> list[list[str]]:
+    """The node ids of each shard.  A matrix cell is one unit, any other test its own; units go, largest
+    first (ties by name), to the shard with the fewest tests so far: a pure function of the set of ids."""
+    units: dict[str, list[str]] = {}
+    for nodeid in nodeids:
+        units.setdefault(cell_in(nodeid) or nodeid, []).append(nodeid)
+    out: list[list[str]] = [[] for _ in range(shards)]
+    for _, ids in sorted(units.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        min(out, key=len).extend(ids)   # min() takes the first of equals: the lowest shard
+    return out
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("shard") is None:
+        return
+    k, n = config.getoption("shard")
+    keep = set(split([item.nodeid for item in items], n)[k - 1])
+    config.hook.pytest_deselected(items=[item for item in items if item.nodeid not in keep])
+    items[:] = [item for item in items if item.nodeid in keep]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under -n with the default --dist load: a matrix cell is one unit of work (its session-scoped engine or
+    server then starts on one worker only), any other test its own.  xdist's --dist loadgroup would do the
+    grouping too, but it appends "@group" to every node id, and node ids are what JUnit, the summary and
+    repro go by."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class CellScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return cell_in(nodeid) or nodeid
+
+    return CellScheduling(config, log)
 
 
 def pytest_generate_tests(metafunc):
@@ -172,6 +222,7 @@ def pytest_configure(config):
         raise pytest.UsageError(f"--profile: {e}") from None
     lane = Lane(config)
     config.stash[LANE] = lane
+    config.pluginmanager.register(Books(lane), "lanekeeper-books")
     # Engine stages (here and in servers started from here) write faulthandler dumps to this directory.
     os.environ["LANEKEEPER_STACK_DIR"] = str(lane.stack_dir)
 
@@ -347,17 +398,45 @@ def pytest_runtest_makereport(item, call):
                                 seconds=round(call.duration, 2),
                                 diagnoses=found, stacks=dump_stacks(lane))
                 kill_engines()
-                lane.incidents.append(incident)
-                write_stall_report(lane)
                 if cell:
                     lane.stalled_cells[cell] = incident.get("message", incident["kind"])
-            if incident is not None:   # the diagnosis, in words, leads the failure everywhere it is shown
-                first = incident.get("message") or incident["kind"]
+                # On the report, so that it reaches the books wherever they are kept (an xdist controller
+                # included: reports cross as plain JSON values).
+                report.lanekeeper_incident = json.loads(json.dumps(incident, default=str))
+                first = incident.get("message") or incident["kind"]   # the diagnosis, in words, leads the failure
                 report.longrepr = f"{first}\n\n{report.longreprtext}"
-        lane.cases[item.nodeid] = _case(report)
-    elif report.when == "teardown" and report.failed:   # JUnit marks the test an error then
-        lane.cases[item.nodeid] = _case(report)
     return report
+
+
+def is_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+class Books:
+    """The run's results, from the reports: kept where the run is reported (the only process, or the xdist
+    controller), as pytest's JUnit writer keeps them."""
+
+    def __init__(self, lane: Lane):
+        self.lane = lane
+
+    def pytest_runtest_logreport(self, report):
+        lane = self.lane
+        if is_worker(lane.config):
+            return
+        if report.when == "call" or (report.when == "setup" and (report.failed or report.skipped)) \
+                or (report.when == "teardown" and report.failed):   # JUnit marks the test an error then
+            lane.cases[report.nodeid] = _case(report)
+        incident = getattr(report, "lanekeeper_incident", None)
+        if incident is not None:
+            lane.incidents.append(incident)
+            if incident.get("cell"):
+                lane.stalled_cells[incident["cell"]] = incident.get("message", incident["kind"])
+            write_stall_report(lane)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error):
+        if getattr(node, "workeroutput", {}).get("lanekeeper_budget_hit"):
+            self.lane.budget_hit = True
 
 
 def _case(report) -> Case:
@@ -443,6 +522,8 @@ def summary_markdown(lane: Lane) -> str:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if is_worker(config):
+        return
     lane = config.stash[LANE]
     skipped_all = only_skips(lane)
     if skipped_all:
@@ -470,6 +551,8 @@ def only_skips(lane: Lane) -> list[str] | None:
 
 def pytest_sessionfinish(session, exitstatus):
     lane = session.config.stash[LANE]
+    if is_worker(session.config):
+        session.config.workeroutput["lanekeeper_budget_hit"] = lane.budget_hit
     if lane.budget_hit:   # red, and distinct from an interrupt or a CI job timeout
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if exitstatus == pytest.ExitCode.OK and only_skips(lane):

@@ -176,13 +176,11 @@ def decide(builds: list[Build], lane: Lane, repo: Path, min_red: int = 2, audit:
     infra: list[Build] = []
     by_commit: dict[str, set] = {}
     for b in main:
-        verdicts = [r.verdict for r in b.results(lane)]
-        real = [v for v in verdicts if v in ("green", "red")]
-        for v in real:
-            by_commit.setdefault(b.commit, set()).add(v)
-        if real:
-            seq.append((b, "red" if real[-1] == "red" else "green"))
-        elif "infra" in verdicts:
+        verdict, flipped = b.verdict(lane)   # one result per build, however many shards and attempts
+        if verdict in ("green", "red"):
+            by_commit.setdefault(b.commit, set()).update({"green", "red"} if flipped else {verdict})
+            seq.append((b, verdict))
+        elif verdict == "infra":
             infra.append(b)
     if not seq:
         if infra:

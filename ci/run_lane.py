@@ -15,8 +15,8 @@ from ci.lanes import ROOT, Lane, shell
 
 
 def run(lane: Lane, artifacts: str, platform: str | None = None, dry_run: bool = False,
-        extra: list[str] = ()) -> int:
-    cmd = lane.command(artifacts, platform) + list(extra)
+        extra: list[str] = (), shard: tuple[int, int] | None = None) -> int:
+    cmd = lane.command(artifacts, platform, shard) + list(extra)
     env_text = " ".join(f"{k}={v}" for k, v in sorted(lane.env.items()))
     if dry_run:
         print(f"{env_text + ' ' if env_text else ''}{shell(cmd)}")

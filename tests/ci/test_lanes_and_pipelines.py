@@ -172,7 +172,7 @@ def test_buildkite_steps():
     nightly = {s["key"] for s in pipelines.buildkite(lanes.load(), pipelines.Build("schedule"))["steps"]}
     assert "tts-gpu" in nightly and "tts-base" not in nightly
     summary = steps["matrix-summary"]
-    assert summary["allow_dependency_failure"] and "lanekeeper report --junit artifacts/*/junit.xml --annotate" \
+    assert summary["allow_dependency_failure"] and "lanekeeper report --junit artifacts --annotate" \
         in summary["command"]
 
 

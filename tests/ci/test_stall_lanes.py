@@ -33,20 +33,22 @@ def _tagged(tag: str, wait: float = 5.0) -> list[psutil.Process]:
         time.sleep(0.2)
 
 
-def _faulted_run(tmp_path, path):
+def _faulted_run(tmp_path, path, *extra):
     tag = uuid.uuid4().hex
     env = {**os.environ, "LANEKEEPER_FAULTS": "drop_handoff:after_frames=2", "LANEKEEPER_TEST_TAG": tag}
     t0 = time.monotonic()
     run = subprocess.run([sys.executable, "-m", "pytest", path, "-m", "merge_only", "-q", "-p", "no:cacheprovider",
-                          "--report-dir", str(tmp_path), "--junitxml", str(tmp_path / "junit.xml")],
+                          "--report-dir", str(tmp_path), "--junitxml", str(tmp_path / "junit.xml"), *extra],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     return run, time.monotonic() - t0, tag
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["offline", "online"])
-def test_faulted_matrix_is_red_fast_and_names_every_cell(mode, tmp_path):
-    run, wall, tag = _faulted_run(tmp_path, f"tests/e2e/{mode}")
+@pytest.mark.parametrize("mode,workers", [("offline", None), ("online", None), ("offline", "2")])
+def test_faulted_matrix_is_red_fast_and_names_every_cell(mode, workers, tmp_path):
+    """...serially, and under pytest-xdist, where the incidents happen in the workers and the report is the
+    controller's."""
+    run, wall, tag = _faulted_run(tmp_path, f"tests/e2e/{mode}", *(["-n", workers] if workers else []))
     assert run.returncode == 1, run.stdout[-3000:]
     if mode == "offline":
         assert wall < 120, wall

@@ -1,0 +1,80 @@
+"""A lane's wall time run whole, with pytest-xdist workers, and as shards side by side.
+
+    python benchmarks/lane_scaling.py tts-base
+    python benchmarks/lane_scaling.py tts-base --workers 2 --shards 2
+
+Each way runs the lane exactly as `lanekeeper run` does (its own artifacts directory under
+a temporary one), and reports wall time, the tests it ran, and whether the merged result
+(`lanekeeper report` over every JUnit file) counts the same tests as the whole run: a
+spread-out lane that drops or repeats a test is not faster, it is wrong.  Prints a
+Markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ci import junit, lanes
+from engine.profile_doc import ProfileDoc
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def lanekeeper(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ci.cli", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def timed(runs: list[list[str]], out: Path) -> tuple[float, dict]:
+    """Start every run at once, wait for all; wall time and the merged totals of their JUnit files."""
+    t0 = time.monotonic()
+    procs = [lanekeeper(*args) for args in runs]
+    for p in procs:
+        p.wait()
+    wall = time.monotonic() - t0
+    cases = [c for f in sorted(out.rglob("junit.xml")) for c in junit.parse(f)]
+    return wall, junit.summarize(cases)["totals"] | {"tests": len(cases)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("lane", help="lane key or label")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--shards", type=int, default=2)
+    args = ap.parse_args()
+    lane = lanes.find(args.lane)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="lane-scaling-") as tmp:
+        tmp = Path(tmp)
+        # workers are a property of the lane: the -n run reads a copy of the lanes file that sets them
+        doc = ProfileDoc.load(lanes.LANES_FILE)
+        next(l for l in doc.data["lanes"] if l["key"] == lane.key)["workers"] = args.workers
+        doc.save(tmp / "lanes.yaml")
+        run = ["run", lane.key, "--artifacts"]
+        ways = [("whole, serial", [[*run, str(tmp / "serial")]], tmp / "serial"),
+                (f"whole, -n {args.workers}", [[*run, str(tmp / "workers"), "--lanes-file", str(tmp / "lanes.yaml")]],
+                 tmp / "workers"),
+                (f"{args.shards} shards side by side",
+                 [[*run, str(tmp / "shards"), "--shard", f"{k}/{args.shards}"] for k in range(1, args.shards + 1)],
+                 tmp / "shards")]
+        for name, runs, out in ways:
+            wall, totals = timed(runs, out)
+            rows.append((name, wall, totals))
+    base = rows[0][1]
+    print(f"| lane {lane.key} | wall s | vs serial | tests | passed | failed | skipped |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, wall, t in rows:
+        print(f"| {name} | {wall:.0f} | {base / wall:.2f}x | {t['tests']} | {t['passed']} | {t['failed'] + t['stalled']} | "
+              f"{t['skipped']} |")
+    if len({t["tests"] for _, _, t in rows}) != 1:
+        print("the three ways ran different numbers of tests")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
