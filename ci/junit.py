@@ -111,7 +111,9 @@ def summarize(cases: list[Case]) -> dict:
     totals = {"passed": 0, "failed": 0, "stalled": 0, "skipped": 0}
     rows: dict[tuple, dict] = defaultdict(lambda: {"passed": 0, "failed": 0, "stalled": 0, "skipped": 0, "why": []})
     failures = []
-    for case in cases:
+    # In test-id order, not arrival order: workers (pytest -n), shards and the JUnit writer each see
+    # the tests arrive differently, and the summary of one run must not depend on which is asked.
+    for case in sorted(cases, key=lambda c: c.test):
         words = diagnosis(case)
         kind = {"passed": "passed", "skipped": "skipped"}.get(case.status, "stalled" if words else "failed")
         totals[kind] += 1

@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -37,8 +38,9 @@ def test_server_errors_are_retried(github, monkeypatch):
 
 def test_retry_after_is_honoured(github, monkeypatch):
     base, routes = github
-    waits = []
-    monkeypatch.setattr(time, "sleep", waits.append)
+    waits, sleep, me = [], time.sleep, threading.current_thread()
+    # only this thread's waits: under pytest -n a session-scoped engine may share this process, sleeping in its threads
+    monkeypatch.setattr(time, "sleep", lambda s: waits.append(s) if threading.current_thread() is me else sleep(s))
     answers = iter([Reply(429, headers={"Retry-After": "2"}), Reply(503, headers={"Retry-After": "soon"}),
                     {"ok": True}])
     routes["/thing"] = lambda query, payload: next(answers)
