@@ -109,12 +109,18 @@ def shipped_profile(config):
                    overrides=TEST_WATCHDOG + ([f"backend={backend}"] if backend != "torch" else []))
 
 
+def unit_of(nodeid: str) -> str:
+    """What is never split across shards or workers: a matrix cell (its engine or server starts once); any
+    other test is a unit of its own."""
+    return cell_in(nodeid) or nodeid
+
+
 def split(nodeids: list[str], shards: int) -> list[list[str]]:
-    """The node ids of each shard.  A matrix cell is one unit, any other test its own; units go, largest
-    first (ties by name), to the shard with the fewest tests so far: a pure function of the set of ids."""
+    """The node ids of each shard.  Units (unit_of) go, largest first (ties by name), to the shard with the
+    fewest tests so far: a pure function of the set of ids."""
     units: dict[str, list[str]] = {}
     for nodeid in nodeids:
-        units.setdefault(cell_in(nodeid) or nodeid, []).append(nodeid)
+        units.setdefault(unit_of(nodeid), []).append(nodeid)
     out: list[list[str]] = [[] for _ in range(shards)]
     for _, ids in sorted(units.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         min(out, key=len).extend(ids)   # min() takes the first of equals: the lowest shard
@@ -143,7 +149,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class CellScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return cell_in(nodeid) or nodeid
+            return unit_of(nodeid)
 
     return CellScheduling(config, log)
 

@@ -374,8 +374,9 @@ def create_app(engine_factory, allowed_local_media_path: str | None = None, mode
         body = {"status": status, "reason": down.message, "restarts": sup.restarts}
         if down.extra:
             body["stage"] = down.extra.get("stage")
-        if sup.engine is not None and not sup.engine.closed and sup.engine.dead_stages():
-            body["dead_stages"] = sup.engine.dead_stages()
+        dead = sup.engine.dead_stages() if sup.engine is not None and not sup.engine.closed else []
+        if dead:
+            body["dead_stages"] = dead
         return JSONResponse(body, status_code=503, headers=down.headers)
 
     @app.get("/v1/models")
