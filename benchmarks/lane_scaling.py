@@ -50,16 +50,25 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="lane-scaling-") as tmp:
         tmp = Path(tmp)
-        # workers are a property of the lane: the -n run reads a copy of the lanes file that sets them
-        doc = ProfileDoc.load(lanes.LANES_FILE)
-        next(l for l in doc.data["lanes"] if l["key"] == lane.key)["workers"] = args.workers
-        doc.save(tmp / "lanes.yaml")
-        run = ["run", lane.key, "--artifacts"]
-        ways = [("whole, serial", [[*run, str(tmp / "serial")]], tmp / "serial"),
-                (f"whole, -n {args.workers}", [[*run, str(tmp / "workers"), "--lanes-file", str(tmp / "lanes.yaml")]],
-                 tmp / "workers"),
+        # workers are a property of the lane: each way reads a copy of the lanes file, serial (and each
+        # shard) with none, the -n run with --workers
+        for name, workers in (("serial", None), ("workers", args.workers)):
+            doc = ProfileDoc.load(lanes.LANES_FILE)
+            entry = next(l for l in doc.data["lanes"] if l["key"] == lane.key)
+            if workers is None:
+                entry.pop("workers", None)
+            else:
+                entry["workers"] = workers
+            doc.save(tmp / f"{name}.yaml")
+
+        def run(way: str, lanes_file: str, *extra: str) -> list[str]:
+            return ["run", lane.key, "--artifacts", str(tmp / way), "--lanes-file", str(tmp / f"{lanes_file}.yaml"),
+                    *extra]
+
+        ways = [("whole, serial", [run("serial", "serial")], tmp / "serial"),
+                (f"whole, -n {args.workers}", [run("workers", "workers")], tmp / "workers"),
                 (f"{args.shards} shards side by side",
-                 [[*run, str(tmp / "shards"), "--shard", f"{k}/{args.shards}"] for k in range(1, args.shards + 1)],
+                 [run("shards", "serial", "--shard", f"{k}/{args.shards}") for k in range(1, args.shards + 1)],
                  tmp / "shards")]
         for name, runs, out in ways:
             wall, totals = timed(runs, out)

@@ -183,7 +183,10 @@ BK_BUILD = re.compile(r"^https?://[^/]+/(?P<org>[^/]+)/(?P<pipeline>[^/]+)/build
 GH_RUN = re.compile(r"^https?://[^/]+/(?P<owner>[^/]+)/(?P<repo>[^/]+)/actions/runs/(?P<run>\d+)")
 
 
-def buildkite_junits(build_url: str, job_label: str | None = None) -> dict[str, bytes]:
+def buildkite_junits(build_url: str, job_label: str | None = None,
+                     shard: tuple[int, int] | None = None) -> dict[str, bytes]:
+    """The junit.xml artifacts of a build's failed jobs, or of the jobs labelled `job_label`; with `shard`
+    (K, N), only those of parallel job K of N (a sharded lane's jobs share one label)."""
     m = BK_BUILD.match(build_url)
     if not m:
         raise CIAPIError(f"not a Buildkite build URL: {build_url!r} (expected https://buildkite.com/ORG/PIPELINE/builds/N)")
@@ -196,6 +199,12 @@ def buildkite_junits(build_url: str, job_label: str | None = None) -> dict[str, 
             raise CIAPIError(f"build {m['number']} has no job labelled {job_label!r}")
     else:
         jobs = [j for j in jobs if j.get("state") in ("failed", "timed_out", "broken")]
+    if shard is not None:
+        jobs = [j for j in jobs if j.get("parallel_group_index") == shard[0] - 1
+                and j.get("parallel_group_total", shard[1]) == shard[1]]
+        if not jobs:
+            raise CIAPIError(f"build {m['number']} has no " + ("" if job_label else "failed ")
+                             + f"parallel job {shard[0]} of {shard[1]}" + (f" labelled {job_label!r}" if job_label else ""))
     found = {}
     for job in jobs:
         for art in paged("buildkite", f"{base}/jobs/{job['id']}/artifacts"):
@@ -206,7 +215,9 @@ def buildkite_junits(build_url: str, job_label: str | None = None) -> dict[str, 
     return found
 
 
-def github_junits(run_url: str, artifact: str | None = None) -> dict[str, bytes]:
+def github_junits(run_url: str, artifact: str | None = None, shard_dir: str | None = None) -> dict[str, bytes]:
+    """The junit.xml files in a run's artifacts, or in the one named `artifact`; with `shard_dir`, only in
+    artifacts named for that shard (KEY-shard-K-of-N)."""
     m = GH_RUN.match(run_url)
     if not m:
         raise CIAPIError(f"not a GitHub Actions run URL: {run_url!r} (expected https://github.com/OWNER/REPO/actions/runs/ID)")
@@ -214,6 +225,8 @@ def github_junits(run_url: str, artifact: str | None = None) -> dict[str, bytes]
     found = {}
     for art in paged("github", url, key="artifacts"):
         if artifact is not None and art.get("name") != artifact:
+            continue
+        if shard_dir is not None and not str(art.get("name", "")).endswith(f"-{shard_dir}"):
             continue
         blob = get("github", art["archive_download_url"], "application/vnd.github+json")
         try:

@@ -28,7 +28,7 @@ def cmd_run(args) -> int:
     artifacts = args.artifacts or f"artifacts/{lane.key}"
     shard = args.shard or lane.shard_from_env()
     if shard is not None:   # each shard's JUnit and reports apart; `report --junit artifacts/KEY` merges them
-        artifacts = os.path.join(artifacts, f"shard-{shard[0]}-of-{shard[1]}")
+        artifacts = os.path.join(artifacts, lanes.shard_dir(shard))
     return run_lane.run(lane, artifacts, args.platform, args.dry_run, shard=shard)
 
 
@@ -95,12 +95,18 @@ def cmd_report(args) -> int:
     return 0
 
 
-def _fetch(args) -> dict[str, bytes]:
+def _fetch(args) -> dict[str, bytes | None]:
+    """The JUnit reports of the run to reproduce: of one shard only, with --shard."""
     if args.junit:
-        return {args.junit: None}
+        files = junit_files([args.junit])
+        if args.shard:
+            files = [f for f in files if lanes.shard_dir(args.shard) in Path(f).parts]
+            if not files:
+                raise junit.JunitError(f"{args.junit}: no {lanes.shard_dir(args.shard)}/junit.xml under it")
+        return dict.fromkeys(files)
     if args.buildkite:
-        return ci_api.buildkite_junits(args.buildkite, args.job)
-    return ci_api.github_junits(args.github, args.job)
+        return ci_api.buildkite_junits(args.buildkite, args.job, args.shard)
+    return ci_api.github_junits(args.github, args.job, args.shard and lanes.shard_dir(args.shard))
 
 
 def cmd_repro(args) -> int:
@@ -340,10 +346,13 @@ def add_parsers(sub) -> None:
 
     p = sub.add_parser("repro", help="re-run the failed tests of a CI run")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--junit", help="JUnit XML file of the run")
+    src.add_argument("--junit", help="JUnit XML file of the run; a directory means every junit.xml under it")
     src.add_argument("--buildkite", metavar="BUILD_URL", help="a Buildkite build: its JUnit artifacts")
     src.add_argument("--github", metavar="RUN_URL", help="a GitHub Actions run: its JUnit artifacts")
     p.add_argument("--job", help="only this job (Buildkite label) or artifact (GitHub)")
+    p.add_argument("--shard", type=shard, metavar="K/N",
+                   help="only shard K of N of a sharded lane: Buildkite parallel job K, the GitHub artifact "
+                        "KEY-shard-K-of-N, or shard-K-of-N/junit.xml under a --junit directory")
     p.add_argument("--lane", help="lane whose env and timeouts to use (default: the JUnit suite's lane)")
     p.add_argument("--platform", choices=("cpu", "cuda"), help="platform to resolve profiles for (default: the lane's)")
     p.add_argument("--artifacts", help="directory for the re-run's JUnit XML and reports (default: artifacts/repro)")

@@ -33,6 +33,11 @@ def install_command(extras: str = "test", torch_index: str | None = None) -> str
 VLLM_CPU_FIXUP = "python3 -m pip uninstall -y torchvision torchaudio torchcodec"
 
 
+def shard_dir(shard: tuple[int, int]) -> str:
+    """One shard's artifacts directory under the lane's; its GitHub artifact is named KEY-<this>."""
+    return f"shard-{shard[0]}-of-{shard[1]}"
+
+
 class LaneError(Exception):
     """A bad lanes file or an unknown lane."""
 

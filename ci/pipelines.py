@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from ruamel.yaml import YAML
 
 from ci.history import shard_label
-from ci.lanes import CPU_TORCH_INDEX, ROOT, Lane, LaneError, install_command
+from ci.lanes import CPU_TORCH_INDEX, ROOT, Lane, LaneError, install_command, shard_dir
 
 MERGE_LABEL = "merge-test"
 QUEUES = {"cpu": "cpu", "gpu": "gpu"}
@@ -212,7 +212,7 @@ def github_lanes(lanes: list[Lane], build: Build) -> dict[str, list[dict]]:
             continue
         for k in range(1, lane.shards + 1):   # one job per shard, named for it (history reads the name back)
             out[lane.hardware].append({**entry, "label": shard_label(lane.label, (k, lane.shards)),
-                                       "shard": f"{k}/{lane.shards}", "artifact": f"{lane.key}-shard-{k}-of-{lane.shards}"})
+                                       "shard": f"{k}/{lane.shards}", "artifact": f"{lane.key}-{shard_dir((k, lane.shards))}"})
     return out
 
 

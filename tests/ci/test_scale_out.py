@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
-from ci import ci_api, history, lanes, pipelines
+from ci import ci_api, history, junit, lanes, pipelines
 from ci.history import Build, LaneResult
 from ci.matrix import cell_in, cells
 from ci.pytest_plugin import split
@@ -213,6 +213,50 @@ def test_report_merges_the_shards_of_a_lane(pytester):
     (pytester.path / "nothing-here").mkdir()
     empty = _cli("report", "--junit", str(pytester.path / "nothing-here"))
     assert empty.returncode == 2 and "no junit.xml under this directory" in empty.stderr
+
+
+def test_repro_reruns_one_shards_failed_ids(pytester, api):
+    """`repro --shard K/N` takes the failed ids of shard K alone: from a lane's artifact directory, and from
+    Buildkite, where a sharded lane's parallel jobs share one label."""
+    pytester.makepyfile(test_matrix=MATRIX.replace('cell.handoff == "full_payload" and cell.runner == "v1"', "True"))
+    base = ["-p", "ci.pytest_plugin", "-o", "junit_suite_name=wide"]
+    failed = {}
+    for k in (1, 2):
+        pytester.runpytest_subprocess(*base, "--shard", f"{k}/2", "--junitxml", f"wide/shard-{k}-of-2/junit.xml")
+        cases = junit.parse(pytester.path / f"wide/shard-{k}-of-2/junit.xml")
+        failed[k] = sorted(c.name for c in cases if c.status == "failed")
+    assert failed[1] and failed[2] and not set(failed[1]) & set(failed[2])
+
+    def reproduced(run):
+        assert run.returncode == 0, run.stderr
+        listed = [line.strip() for line in run.stdout.splitlines() if line.startswith("  ")]
+        return sorted(nodeid.split("::")[-1] for nodeid in listed)
+
+    for k in (1, 2):
+        run = _cli("repro", "--junit", str(pytester.path / "wide"), "--shard", f"{k}/2", "--dry-run")
+        assert f"reproducing {len(failed[k])} failed test(s)" in run.stdout
+        assert reproduced(run) == failed[k]
+        assert "--shard" not in run.stdout.splitlines()[-1]   # exactly those ids, whatever shard they came from
+    missing = _cli("repro", "--junit", str(pytester.path / "wide"), "--shard", "1/3", "--dry-run")
+    assert missing.returncode == 2 and "no shard-1-of-3/junit.xml" in missing.stderr
+
+    url, routes = api
+    build = "/organizations/acme/pipelines/tts/builds/9"
+    routes[build] = {"number": 9, "jobs": [
+        {"id": f"j{k}", "name": "TTS · Wide", "state": "failed", "parallel_group_index": k - 1,
+         "parallel_group_total": 2} for k in (1, 2)]}
+    for k in (1, 2):
+        routes[f"{build}/jobs/j{k}/artifacts"] = [{"path": f"artifacts/wide/shard-{k}-of-2/junit.xml",
+                                                  "download_url": f"{url}/dl/{k}"}]
+        routes[f"/dl/{k}"] = (pytester.path / f"wide/shard-{k}-of-2/junit.xml").read_bytes()
+    env = {"LANEKEEPER_BUILDKITE_API": url, "BUILDKITE_API_TOKEN": TOKEN}
+    run = _cli("repro", "--buildkite", "https://buildkite.com/acme/tts/builds/9", "--job", "TTS · Wide",
+               "--shard", "2/2", "--dry-run", env=env)
+    assert reproduced(run) == failed[2]
+    both = _cli("repro", "--buildkite", "https://buildkite.com/acme/tts/builds/9", "--dry-run", env=env)
+    assert reproduced(both) == sorted(failed[1] + failed[2])
+    none = _cli("repro", "--buildkite", "https://buildkite.com/acme/tts/builds/9", "--shard", "3/4", "--dry-run", env=env)
+    assert none.returncode == 2 and "no failed parallel job 3 of 4" in none.stderr
 
 
 def _build(*results, name="TTS · Wide"):
