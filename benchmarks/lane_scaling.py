@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ci import junit, lanes
+from ci import junit, lanes, report
 from engine.profile_doc import ProfileDoc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,7 +37,7 @@ def timed(runs: list[list[str]], out: Path) -> tuple[float, dict]:
         p.wait()
     wall = time.monotonic() - t0
     cases = [c for f in sorted(out.rglob("junit.xml")) for c in junit.parse(f)]
-    return wall, junit.summarize(cases)["totals"] | {"tests": len(cases)}
+    return wall, report.summarize(cases)["totals"] | {"tests": len(cases)}
 
 
 def main() -> int:

@@ -2,7 +2,7 @@
 
     python benchmarks/online_serving.py --runner v1 --runner v2 --concurrency 1 8 64
 
-Starts `lanekeeper serve` for each runner and reports, as the anchor's `bench serve`
+Starts `lanekeeper serve` for each runner and reports, as vllm-omni's `bench serve`
 does: TTFP (time to the first non-empty audio chunk) p50/p99, audio seconds produced
 per wall second, and mean RTF (latency / audio duration).  Prints a Markdown table.
 """

@@ -23,12 +23,14 @@ import zipfile
 
 import httpx
 
+from engine.errors import UserError
+
 DEFAULT_DEADLINE = 60.0
 RETRIES = 4
 _deadline: tuple[float, float] | None = None     # (seconds allowed, monotonic time they run out)
 
 
-class CIAPIError(Exception):
+class CIAPIError(UserError):
     pass
 
 

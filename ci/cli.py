@@ -11,20 +11,9 @@ import json
 import os
 import sys
 
-from engine.config import BACKENDS, PLATFORMS, ProfileError, check_file, dump_yaml, resolve
-from engine.engine import EngineError
 from ci.argtypes import port, seconds, whole_number
-from ci.ci_api import CIAPIError
-from ci.history import HistoryError
-from ci.rollback import RollbackError
-from ci.junit import JunitError
-from ci.lanes import LaneError
-from engine.faults import FaultSpecError
-from engine.request import RequestError
-
-
-class UsageError(Exception):
-    """Bad input that is not a profile: a flag, a file, a request."""
+from engine.config import BACKENDS, PLATFORMS, check_file, dump_yaml, resolve
+from engine.errors import EngineError, UserError
 
 
 class _Backend(argparse.Action):
@@ -82,7 +71,7 @@ def cmd_profile_pin(args) -> int:
     from engine import pins
 
     if not Path(args.profiles_dir).is_dir() or not pins.profile_names(args.profiles_dir):
-        raise UsageError(f"--profiles-dir {args.profiles_dir}: no directory of profiles (*.yaml) there")
+        raise UserError(f"--profiles-dir {args.profiles_dir}: no directory of profiles (*.yaml) there")
     if args.check:
         drift = pins.drift(args.profiles_dir)
         if drift:
@@ -94,7 +83,7 @@ def cmd_profile_pin(args) -> int:
         return 0
     unknown = sorted(set(args.names) - set(pins.profile_names(args.profiles_dir)))
     if unknown:
-        raise UsageError(f"no such profile in {args.profiles_dir}: {', '.join(unknown)} "
+        raise UserError(f"no such profile in {args.profiles_dir}: {', '.join(unknown)} "
                          f"(known: {', '.join(pins.profile_names(args.profiles_dir))})")
     changed = pins.write(args.profiles_dir, args.names or None)
     print(f"pinned {', '.join(changed)}" if changed else "pins already current")
@@ -185,8 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(args, "api_deadline"):   # one deadline for all of this command's API calls
             ci_api.set_deadline(args.api_deadline)
         return args.func(args)
-    except (ProfileError, UsageError, RequestError, FaultSpecError, LaneError, JunitError, CIAPIError,
-            HistoryError, RollbackError) as e:
+    except UserError as e:
         print(f"lanekeeper: error: {e}", file=sys.stderr)
         return 2
     except EngineError as e:

@@ -7,31 +7,37 @@ timeout (a real red, often a hang), and the latter has state `timed_out`.
 History file format (JSON):
 
     {"builds": [
-      {"number": 12, "commit": "<sha>", "branch": "main", "finished_at": "2026-12-01T10:00:00Z",
-       "url": "https://...", "lanes": {
-         "tts-base": {"state": "passed", "exit_status": 0, "soft_failed": false, "retried": false,
-                      "signal_reason": null}}}]}
+      {"number": 12, "commit": "<sha>", "branch": "main", "url": "https://...", "lanes": {
+         "tts-base": {"state": "passed", "exit_status": 0, "soft_failed": false, "signal_reason": null,
+                      "shard": null}}}]}
 
-Lanes are keyed by lane key or label.  `state` is one of passed, failed, timed_out,
-canceled, broken, skipped (GitHub conclusions success/failure/cancelled/timed_out map
-onto these).
+Lanes are keyed by lane key or label; a lane's value is its one result or a list of them (attempts,
+shards).  `state` is one of passed, failed, timed_out, canceled, broken, skipped, running (GitHub
+conclusions and Buildkite's other job states map onto these).  The models below validate the file.
 """
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 from urllib.parse import quote
 
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic.dataclasses import dataclass
+
 from ci import ci_api
+from engine.errors import UserError
 
 INFRA_SIGNALS = {"agent_lost", "agent_stop", "agent_refused", "agent_incompatible", "cancel", "process_run_error",
                  "stack_error"}
-STATES = {"passed", "failed", "timed_out", "canceled", "broken", "skipped", "running"}
+State = Literal["passed", "failed", "timed_out", "canceled", "broken", "skipped", "running"]
 GITHUB_STATES = {"success": "passed", "failure": "failed", "timed_out": "timed_out", "cancelled": "canceled",
                  "skipped": "skipped", "neutral": "passed", "action_required": "broken", "stale": "canceled",
                  None: "running"}
+# Buildkite job states that are not (yet) a result: no verdict, as "skipped" and "running" have none.
+BUILDKITE_STATES = {"canceling": "canceled", "expired": "canceled", "timing_out": "running",
+                    **dict.fromkeys(("waiting_failed", "blocked_failed", "unblocked_failed", "not_run"), "skipped")}
 
 
 SHARD_NAME = re.compile(r"^(.*) \(shard (\d+)/(\d+)\)$")
@@ -41,18 +47,20 @@ def shard_label(label: str, shard: tuple[int, int]) -> str:
     return f"{label} (shard {shard[0]}/{shard[1]})"
 
 
-class HistoryError(Exception):
+class HistoryError(UserError):
     pass
 
 
-@dataclass
+STRICT = ConfigDict(extra="forbid", strict=True)
+
+
+@dataclass(config=STRICT)
 class LaneResult:
-    state: str
+    state: State
     exit_status: int | None = None
     soft_failed: bool = False
-    retried: bool = False
     signal_reason: str | None = None
-    shard: int | None = None   # which shard of a sharded lane (1-based); None for a lane run whole
+    shard: int | None = Field(None, ge=1)   # which shard of a sharded lane (1-based); None for a lane run whole
 
     @property
     def verdict(self) -> str:
@@ -70,14 +78,21 @@ class LaneResult:
         return "red"
 
 
-@dataclass
+@dataclass(config=STRICT)
 class Build:
     number: int
     commit: str
     branch: str
     url: str = ""
-    finished_at: str | None = None
-    lanes: dict[str, list[LaneResult]] = field(default_factory=dict)   # one entry per attempt
+    lanes: dict[str, list[LaneResult]] = Field(default_factory=dict)   # one entry per attempt (and shard)
+
+    @field_validator("lanes", mode="before")
+    @classmethod
+    def _one_or_many(cls, lanes):
+        """A lane run once may be written as its one result instead of a list."""
+        if isinstance(lanes, dict):
+            return {k: v if isinstance(v, list) else [v] for k, v in lanes.items()}
+        return lanes
 
     def results(self, lane) -> list[LaneResult]:
         return self.lanes.get(lane.key, []) + self.lanes.get(lane.label, [])
@@ -105,61 +120,52 @@ class Build:
         return "none", flaky
 
 
-def _result(data, where: str) -> LaneResult:
-    if not isinstance(data, dict):
-        raise HistoryError(f"{where}: expected an object with at least 'state'")
-    unknown = set(data) - {"state", "exit_status", "soft_failed", "retried", "signal_reason", "shard"}
-    if unknown:
-        raise HistoryError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
-    state = data.get("state")
-    if state not in STATES:
-        raise HistoryError(f"{where}.state: expected one of {', '.join(sorted(STATES))}, got {state!r}")
-    exit_status = data.get("exit_status")
-    if exit_status is not None and not isinstance(exit_status, int):
-        raise HistoryError(f"{where}.exit_status: expected an integer or null, got {exit_status!r}")
-    for flag in ("soft_failed", "retried"):
-        if not isinstance(data.get(flag, False), bool):
-            raise HistoryError(f"{where}.{flag}: expected true or false")
-    shard = data.get("shard")
-    if shard is not None and (not isinstance(shard, int) or isinstance(shard, bool) or shard < 1):
-        raise HistoryError(f"{where}.shard: expected a shard number from 1, or null, got {shard!r}")
-    return LaneResult(state, exit_status, data.get("soft_failed", False), data.get("retried", False),
-                      data.get("signal_reason"), shard)
+@dataclass(config=STRICT)
+class History:
+    builds: list[Build]
+
+
+HISTORY = TypeAdapter(History)
+
+
+def _where(loc) -> str:
+    """A pydantic error location as it reads in the file: builds[0].lanes['tts-base'][0].state."""
+    out, parent = "", None
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif parent == "lanes":
+            out += f"[{part!r}]"
+        else:
+            out += f".{part}" if out else part
+        parent = part
+    return out
 
 
 def load_file(path: str | Path) -> list[Build]:
     path = Path(path)
     try:
-        doc = json.loads(path.read_text())
+        text = path.read_text()
+        json.loads(text)   # for the line and column of a syntax error
     except FileNotFoundError:
         raise HistoryError(f"{path}: history file not found") from None
     except json.JSONDecodeError as e:
         raise HistoryError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("builds"), list):
-        raise HistoryError(f"{path}: expected an object with a 'builds' list")
-    builds = []
-    for i, b in enumerate(doc["builds"]):
-        where = f"{path}: builds[{i}]"
-        if not isinstance(b, dict):
-            raise HistoryError(f"{where}: expected an object")
-        for key, kind in (("number", int), ("commit", str), ("branch", str)):
-            if not isinstance(b.get(key), kind):
-                raise HistoryError(f"{where}.{key}: expected {'an integer' if kind is int else 'a string'}")
-        lanes = {}
-        for name, res in (b.get("lanes") or {}).items():
-            attempts = res if isinstance(res, list) else [res]
-            lanes[name] = [_result(r, f"{where}.lanes[{name!r}]") for r in attempts]
-        builds.append(Build(b["number"], b["commit"], b["branch"], b.get("url", ""), b.get("finished_at"), lanes))
-    return builds
+    try:
+        return HISTORY.validate_json(text).builds   # JSON mode: strict types, objects for the dataclasses
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = _where(err["loc"])
+        msg = "unknown field" if err["type"] == "unexpected_keyword_argument" else err["msg"]
+        raise HistoryError(f"{path}: {where + ': ' if where else ''}{msg}"
+                           + (f", got {err['input']!r}" if not isinstance(err["input"], (dict, list)) else "")) from None
 
 
 def dump_file(builds: list[Build], path: str | Path) -> None:
-    out = []
-    for b in builds:
-        d = asdict(b)
-        d["lanes"] = {k: [asdict(r) for r in v] if len(v) > 1 else asdict(v[0]) for k, v in b.lanes.items()}
-        out.append(d)
-    Path(path).write_text(json.dumps({"builds": out}, indent=2) + "\n")
+    doc = HISTORY.dump_python(History(builds), mode="json")
+    for b in doc["builds"]:
+        b["lanes"] = {k: v[0] if len(v) == 1 else v for k, v in b["lanes"].items()}
+    Path(path).write_text(json.dumps(doc, indent=2) + "\n")
 
 
 def from_buildkite(slug: str, branch: str = "main") -> list[Build]:
@@ -176,11 +182,11 @@ def from_buildkite(slug: str, branch: str = "main") -> list[Build]:
                 continue
             attempts = lanes.setdefault(job["name"], [])
             index = job.get("parallel_group_index")   # a sharded lane's jobs share its name
-            attempts.append(LaneResult(job.get("state", "failed"), job.get("exit_status"),
-                                       bool(job.get("soft_failed")), bool(job.get("retried")),
+            state = job.get("state", "failed")
+            attempts.append(LaneResult(BUILDKITE_STATES.get(state, state if state in State.__args__ else "running"),
+                                       job.get("exit_status"), bool(job.get("soft_failed")),
                                        job.get("signal_reason"), index + 1 if isinstance(index, int) else None))
-        builds.append(Build(b["number"], b["commit"], b.get("branch", branch), b.get("web_url", ""),
-                            b.get("finished_at"), lanes))
+        builds.append(Build(b["number"], b["commit"], b.get("branch", branch), b.get("web_url", ""), lanes))
     return builds
 
 
@@ -199,9 +205,8 @@ def from_github(repo: str, workflow: str, branch: str = "main") -> list[Build]:
             sharded = SHARD_NAME.match(name)   # the lanes workflow names a shard's job "LABEL (shard K/N)"
             if sharded:
                 name, shard = sharded.group(1), int(sharded.group(2))
-            lanes.setdefault(name, []).append(
-                LaneResult(GITHUB_STATES.get(job.get("conclusion"), "failed"), retried=job.get("run_attempt", 1) > 1,
-                           shard=shard))
+            lanes.setdefault(name, []).append(LaneResult(GITHUB_STATES.get(job.get("conclusion"), "failed"),
+                                                         shard=shard))
         builds.append(Build(run["run_number"], run["head_sha"], run.get("head_branch", branch), run.get("html_url", ""),
-                            run.get("updated_at"), lanes))
+                            lanes))
     return builds

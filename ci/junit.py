@@ -1,58 +1,22 @@
-"""Test results as one summary: which tests failed and why, and the matrix table with stall diagnoses.
-
-The pytest plugin (matrix-summary.md, the terminal) and `lanekeeper report` (the Buildkite
-annotation, the GitHub step summary, from JUnit files) both build `Case` records and render them
-with `summarize` and `render` here, so every place shows the same counts in the same words.
-"""
+"""JUnit XML files, read into `ci.report.Case` records: what `lanekeeper report`, `repro` and rollback
+take from a CI run.  A stalled test's record carries its Diagnosis as the property
+`lanekeeper_diagnosis` (JSON), written by the pytest plugin and read back through the model."""
 from __future__ import annotations
 
-import json
-import re
 import xml.etree.ElementTree as ET
-from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 
-from ci.matrix import Cell, cell_in, task_of
+from pydantic import ValidationError
 
-DIAGNOSIS_RE = re.compile(r"\b(StageHandoffStall|StageStall|StageDied)\b[^\n]*|Timeout \(>[\d.]+s\) from pytest-timeout")
+from ci.report import Case
+from engine.diagnosis import Diagnosis
+from engine.errors import UserError
+
+PROPERTY = "lanekeeper_diagnosis"
 
 
-class JunitError(Exception):
+class JunitError(UserError):
     pass
-
-
-@dataclass
-class Case:
-    classname: str
-    name: str
-    status: str          # passed | failed | error | skipped
-    message: str
-    suite: str
-
-    def nodeid(self, root: Path) -> str:
-        parts = self.classname.split(".")
-        for cut in range(len(parts), 0, -1):
-            path = "/".join(parts[:cut]) + ".py"
-            if (root / path).is_file():
-                return "::".join([path, *parts[cut:], self.name])
-        return "::".join(["/".join(parts) + ".py", self.name])
-
-    @property
-    def mode(self) -> str:
-        return "online" if ".online." in f".{self.classname}." else "offline"
-
-    @classmethod
-    def from_nodeid(cls, nodeid: str, status: str, message: str, suite: str = "") -> "Case":
-        """A test's result as pytest's JUnit writer records it (classname: the module path, dotted)."""
-        path, _, name = nodeid.partition("::")
-        *classes, name = name.split("::")
-        classname = ".".join([path.removesuffix(".py").replace("/", "."), *classes])
-        return cls(classname, name, status, message, suite)
-
-    @property
-    def test(self) -> str:
-        return f"{self.classname}::{self.name}"
 
 
 def parse(path: str | Path, data: bytes | None = None) -> list[Case]:
@@ -77,7 +41,8 @@ def parse(path: str | Path, data: bytes | None = None) -> list[Case]:
                     status = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
                     message = (el.get("message") or "") + "\n" + (el.text or "")
                     break
-            cases.append(Case(tc.get("classname", ""), tc.get("name"), status, message.strip(), suite.get("name", "")))
+            cases.append(Case(tc.get("classname", ""), tc.get("name"), status, message.strip(), suite.get("name", ""),
+                              _diagnosis(path, tc)))
     return cases
 
 
@@ -91,80 +56,12 @@ def failed_ids(cases: list[Case], root: Path) -> list[str]:
     return ids
 
 
-DICT_MESSAGE_RE = re.compile(r"""['"]message['"]:\s*['"]((?:StageHandoffStall|StageStall|StageDied|StageCrashed)[^'"]*)""")
-
-
-def diagnosis(case: Case) -> str | None:
-    """A failed test's stall diagnosis in words (kind, stage, request, cell), if it has one."""
-    if case.status not in ("failed", "error"):
-        return None
-    found = DICT_MESSAGE_RE.search(case.message) or DIAGNOSIS_RE.search(case.message)
-    return (found.group(1) if found.re is DICT_MESSAGE_RE else found.group(0))[:240] if found else None
-
-
-def _first_line(message: str) -> str:
-    return next((l.strip() for l in message.splitlines() if l.strip()), "")[:200]
-
-
-def summarize(cases: list[Case]) -> dict:
-    """Totals, the matrix rows (cell x task, with skip reasons and diagnoses), and every failed test."""
-    totals = {"passed": 0, "failed": 0, "stalled": 0, "skipped": 0}
-    rows: dict[tuple, dict] = defaultdict(lambda: {"passed": 0, "failed": 0, "stalled": 0, "skipped": 0, "why": []})
-    failures = []
-    # In test-id order, not arrival order: workers (pytest -n), shards and the JUnit writer each see
-    # the tests arrive differently, and the summary of one run must not depend on which is asked.
-    for case in sorted(cases, key=lambda c: c.test):
-        words = diagnosis(case)
-        kind = {"passed": "passed", "skipped": "skipped"}.get(case.status, "stalled" if words else "failed")
-        totals[kind] += 1
-        why = words or (f"skipped: {_first_line(case.message)}" if kind == "skipped" else
-                        _first_line(case.message) if kind == "failed" else None)
-        if kind in ("failed", "stalled"):
-            failures.append({"test": case.test, "status": kind, "why": why or case.status})
-        cell = cell_in(case.name)
-        if cell is None:
-            continue
-        row = rows[(case.mode, cell, task_of(case.test))]
-        row[kind] += 1
-        if why and why not in row["why"]:
-            row["why"].append(why)
-    out = []
-    for (mode, cell, task), row in sorted(rows.items()):
-        c = Cell.from_id(cell)
-        out.append({"mode": mode, "cell": cell, "backend": c.backend, "runner": c.runner,
-                    "cuda_graph": "cuda_graph" if c.cuda_graph == "on" else "no_cuda_graph", "handoff": c.handoff,
-                    "task": task, **row})
-    return {"totals": totals, "rows": out, "failures": failures}
-
-
-def red(summary: dict) -> bool:
-    """A failure or a stall, or a run that only skipped (it ran nothing of what it claims)."""
-    t = summary["totals"]
-    return bool(t["failed"] or t["stalled"] or (t["skipped"] and not t["passed"]))
-
-
-def annotation_style(summary: dict) -> str:
-    """Buildkite's annotation style for it: error when red, success when green, info when nothing ran."""
-    if red(summary):
-        return "error"
-    return "success" if summary["totals"]["passed"] else "info"
-
-
-def render(summary: dict, fmt: str = "markdown", notes: list[str] = ()) -> str:
-    if fmt == "json":
-        return json.dumps({**summary, "notes": list(notes)}, indent=2)
-    t = summary["totals"]
-    lines = [f"**{'red' if red(summary) else 'green'}**: {t['passed']} passed, {t['failed']} failed, "
-             f"{t['stalled']} stalled, {t['skipped']} skipped"]
-    if summary["rows"]:
-        lines += ["", "| mode | backend | runner | graph | handoff | task | passed | failed | stalled | skipped | why |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-        for r in summary["rows"]:
-            why = "; ".join(r["why"]).replace("|", "/")
-            lines.append(f"| {r['mode']} | {r['backend']} | {r['runner']} | {r['cuda_graph']} | {r['handoff']} | "
-                         f"{r['task']} | {r['passed']} | {r['failed']} | {r['stalled']} | {r['skipped']} | {why} |")
-    if summary["failures"]:
-        lines += ["", "Failed tests:"]
-        lines += [f"- `{f['test']}` ({f['status']}): {f['why']}" for f in summary["failures"]]
-    lines += ["", *notes] if notes else []
-    return "\n".join(lines) + "\n"
+def _diagnosis(path, tc) -> Diagnosis | None:
+    for prop in tc.iter("property"):
+        if prop.get("name") == PROPERTY:
+            try:
+                return Diagnosis.model_validate_json(prop.get("value") or "")
+            except ValidationError as e:
+                raise JunitError(f"{path}: test {tc.get('name')}: property {PROPERTY} is not a diagnosis "
+                                 f"({e.errors()[0]['msg']})") from None
+    return None

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ci import ci_api, junit, lanes, pipelines, run_lane
+from ci import ci_api, junit, lanes, pipelines, report, run_lane
 from ci.argtypes import seconds, shard, whole_number
 
 
@@ -80,18 +80,18 @@ def junit_files(paths: list[str]) -> list[str]:
 def cmd_report(args) -> int:
     files = junit_files(args.junit)
     cases = [c for path in files for c in junit.parse(path)]
-    summary = junit.summarize(cases)
+    summary = report.summarize(cases)
     stall_reports = [Path(p).parent / "stall-report.md" for p in files if (Path(p).parent / "stall-report.md").exists()]
     if args.annotate:   # Buildkite serves uploaded artifacts at artifact:// links inside annotations
         notes = [f"[stall report: {r.parent.name}](artifact://{r})" for r in stall_reports]
-        text = junit.render(summary, "markdown", notes)
-        run = subprocess.run(["buildkite-agent", "annotate", "--style", junit.annotation_style(summary),
+        text = report.render(summary, "markdown", notes)
+        run = subprocess.run(["buildkite-agent", "annotate", "--style", report.annotation_style(summary),
                               "--context", "lanekeeper-matrix"], input=text, text=True)
         if run.returncode != 0:
             raise junit.JunitError(f"buildkite-agent annotate failed with status {run.returncode}")
         sys.stdout.write(text)
         return 0
-    sys.stdout.write(junit.render(summary, args.format, [f"Stall report: {r}" for r in stall_reports]))
+    sys.stdout.write(report.render(summary, args.format, [f"Stall report: {r}" for r in stall_reports]))
     return 0
 
 
@@ -240,8 +240,6 @@ def _publish(args, repo: Path, lane, decision, slug: str | None, message: str) -
 
 def cmd_history_add(args) -> int:
     """Record one lane run (its JUnit file) as a build in a history file."""
-    import datetime as dt
-
     from ci import history
 
     lane = lanes.find(args.lane, lanes.load(args.lanes_file))
@@ -251,7 +249,6 @@ def cmd_history_add(args) -> int:
     builds = history.load_file(path) if path.exists() else []
     number = args.number or max((b.number for b in builds), default=0) + 1
     builds.append(history.Build(number, args.commit, args.branch, args.url or "",
-                                dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                                 {lane.key: [history.LaneResult("failed" if red else "passed", 1 if red else 0)]}))
     history.dump_file(builds, path)
     print(f"recorded build #{number} at {args.commit[:12]}: {lane.key} {'red' if red else 'green'}")

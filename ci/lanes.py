@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from engine.config import Backend, find_profile
+from engine.errors import UserError
 from engine.profile_doc import ProfileDoc, ProfileError, format_error, plain
 
 LANES_FILE = Path(__file__).resolve().parent / "lanes.yaml"
@@ -38,7 +39,7 @@ def shard_dir(shard: tuple[int, int]) -> str:
     return f"shard-{shard[0]}-of-{shard[1]}"
 
 
-class LaneError(Exception):
+class LaneError(UserError):
     """A bad lanes file or an unknown lane."""
 
 
@@ -89,7 +90,7 @@ class Lane(BaseModel):
             args += ["-m", self.markers]
         if self.keyword:
             args += ["-k", self.keyword]
-        args += ["--timeout", f"{self.timeout:g}", "--lane-budget", f"{self.budget:g}",
+        args += ["--timeout", f"{self.timeout:g}", "--session-timeout", f"{self.budget:g}",
                  "--junitxml", os.path.join(artifacts, "junit.xml"), "--report-dir", artifacts,
                  "-o", f"junit_suite_name={self.key}", "-p", "no:cacheprovider", "--profile", self.profile]
         if platform or self.platform:

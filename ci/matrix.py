@@ -1,7 +1,7 @@
 """The test matrix: runner x CUDA graphs x handoff (on one stage-0 backend), and what each axis sets
 in a profile.
 
-The graphs-off cell mirrors the anchor's `no_cuda_graph` test: an eager talker with no
+The graphs-off cell mirrors vllm-omni's `no_cuda_graph` test: an eager talker with no
 async scheduling (code2wav, stage 1, has no graphs or scheduler to turn off).
 """
 from __future__ import annotations

@@ -19,21 +19,13 @@ import weakref
 
 import psutil
 
-from engine.procs import kill_processes
+from engine.procs import kill_tree
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def kill_tree(pid: int, timeout: float = 5.0) -> None:
-    try:
-        root = psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return
-    kill_processes([root] + root.children(recursive=True), timeout)
 
 
 _LIVE: "weakref.WeakSet[RemoteServer]" = weakref.WeakSet()
@@ -104,7 +96,7 @@ class RemoteServer:
 
     def kill(self) -> None:
         _LIVE.discard(self)
-        kill_tree(self.proc.pid)
+        kill_tree([self.proc.pid])
         try:
             self.proc.wait(5)
         except subprocess.TimeoutExpired:
@@ -118,7 +110,6 @@ class RemoteServer:
         if self.proc.poll() is None:
             self.terminate(timeout=10)
         self.kill()
-        for pid in pids:   # stages that left the server's tree (their own group) are still ours
-            kill_tree(pid)
+        kill_tree(pids)   # stages that left the server's tree (their own group) are still ours
         self.log.close()
         os.unlink(self.log.name)

@@ -37,6 +37,7 @@ from typing import Callable
 
 from ci.history import Build
 from ci.lanes import Lane
+from engine.errors import UserError
 from engine.profile_doc import MISSING, ProfileDoc, diff, platform_key
 
 PROFILES = "profiles"
@@ -46,7 +47,7 @@ EVIDENCE = "Rollback-Evidence"       # trailer naming the lane whose red a commi
 REVIEW = "Also changed by the culprit, not restored; review:"
 
 
-class RollbackError(Exception):
+class RollbackError(UserError):
     """Bad input or state: a missing repository or commit, a dirty work tree."""
 
 

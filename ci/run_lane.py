@@ -12,11 +12,12 @@ import subprocess
 from pathlib import Path
 
 from ci.lanes import ROOT, Lane, shell
+from engine.procs import kill_tree
 
 
 def run(lane: Lane, artifacts: str, platform: str | None = None, dry_run: bool = False,
-        extra: list[str] = (), shard: tuple[int, int] | None = None) -> int:
-    cmd = lane.command(artifacts, platform, shard) + list(extra)
+        shard: tuple[int, int] | None = None) -> int:
+    cmd = lane.command(artifacts, platform, shard)
     env_text = " ".join(f"{k}={v}" for k, v in sorted(lane.env.items()))
     if dry_run:
         print(f"{env_text + ' ' if env_text else ''}{shell(cmd)}")
@@ -36,13 +37,9 @@ def run(lane: Lane, artifacts: str, platform: str | None = None, dry_run: bool =
         try:
             return proc.wait(timeout=lane.budget + 120)
         except subprocess.TimeoutExpired:   # the lane budget should have ended it long ago
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            kill_tree([proc.pid], group=proc.pid)
             return 124
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)   # nothing of the lane outlives it
-        except ProcessLookupError:
-            pass
+        kill_tree([], group=proc.pid)   # nothing of the lane outlives it

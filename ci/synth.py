@@ -9,22 +9,21 @@ import soundfile as sf
 
 from ci.matrix import axis_overrides
 from engine.config import resolve
+from engine.errors import UserError
 from engine.request import SpeechRequest
 
 
 def read_audio(path: str) -> tuple[np.ndarray, int]:
-    """Mono float32 and its sample rate; raises ValueError naming the file when it is not audio."""
-    from ci.cli import UsageError
-
+    """Mono float32 and its sample rate; a UserError naming the file when it is not audio."""
     p = Path(path)
     if not p.is_file():
-        raise UsageError(f"--ref-audio {path}: no such file")
+        raise UserError(f"--ref-audio {path}: no such file")
     try:
         audio, sr = sf.read(str(p), dtype="float32", always_2d=True)
     except (sf.LibsndfileError, RuntimeError) as e:
-        raise UsageError(f"--ref-audio {path}: not a readable audio file ({e})") from None
+        raise UserError(f"--ref-audio {path}: not a readable audio file ({e})") from None
     if audio.shape[0] == 0:
-        raise UsageError(f"--ref-audio {path}: the file holds no samples")
+        raise UserError(f"--ref-audio {path}: the file holds no samples")
     return audio.mean(axis=1), sr
 
 
@@ -46,7 +45,7 @@ def cmd_synth(args) -> int:
         started = time.monotonic() - t0
         (result,) = engine.generate([request])
     if not result.ok:
-        print(f"lanekeeper: synthesis failed: {result.error}")
+        print(f"lanekeeper: synthesis failed: {result.error.message}")
         return 1
     sf.write(args.output, result.audio, result.sample_rate, subtype="PCM_16")
     print(f"wrote {args.output}: {len(result.codes)} frames, {result.duration_s:.2f} s of audio at "

@@ -12,22 +12,23 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
-import signal
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 import psutil
 
 from engine.config import ResolvedProfile
-from engine.errors import EngineError, RequestFailed, failure  # noqa: F401  (RequestFailed re-exported)
+from engine.diagnosis import Diagnosis
+from engine.errors import EngineError, failure
 from engine.faults import from_env as faults_from_env, parse as parse_faults
+from engine.messages import Abort, Add, Beat, Codes, Decoded, Fatal, Ready, StageError, Stop
 from engine.presets import CODEBOOKS, SAMPLE_RATE, SAMPLES_PER_FRAME
-from engine.procs import kill_processes, stage_main
+from engine.procs import kill_tree, stage_main
 from engine.request import AudioChunk, RequestError, SpeechRequest, SpeechResult
+from engine.tracked import Tracked
 from engine.watchdog import Watchdog
 
 _LIVE: "weakref.WeakSet[TTSEngine]" = weakref.WeakSet()
@@ -46,71 +47,19 @@ def live_engine_pids() -> set[int]:
     return {pid for eng in list(_LIVE) for pid in eng.pids()}
 
 
-@dataclass
-class _Tracked:
-    request: SpeechRequest
-    submitted: float
-    events: "queue.Queue" = field(default_factory=queue.Queue)
-    chunks: list[np.ndarray] = field(default_factory=list)
-    codes: np.ndarray | None = None
-    reason: str | None = None
-    timings: dict = field(default_factory=dict)
-    audio_done: bool = False
-    error: dict | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-    listener: "Callable[[AudioChunk | None], None] | None" = None
-    # progress the watchdog reads: frames produced / handed off by stage 0, consumed by stage 1
-    produced: int = 0
-    handed_off: int = 0
-    consumed: int = 0
-    stage0_done: bool = False
-    pending_since: float | None = None   # since when handed-off frames have been waiting for stage 1
-
-    def progress(self, produced: int | None = None, handed_off: int | None = None, consumed: int = 0) -> None:
-        if produced is not None:
-            self.produced = max(self.produced, produced)
-        if handed_off is not None:
-            self.handed_off = max(self.handed_off, handed_off)
-        self.consumed += consumed
-        if self.handed_off <= self.consumed:
-            self.pending_since = None
-        elif self.pending_since is None or consumed:
-            self.pending_since = time.monotonic()
-
-    def emit(self, item) -> None:
-        """An audio chunk, or None at the end, to the stream consumer (a queue or a callback)."""
-        (self.listener or self.events.put)(item)
-
-
-def _kill_group(pgid: int | None, pids: list[int]) -> None:
-    """SIGKILL the stage group and any stage (or stage child) that left it."""
-    victims = []
-    for pid in pids:
-        try:
-            proc = psutil.Process(pid)
-            victims += [proc] + proc.children(recursive=True)
-        except psutil.NoSuchProcess:
-            pass
-    if pgid:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    kill_processes(victims)
-
-
 class TTSEngine:
     def __init__(self, profile: ResolvedProfile, start_timeout: float = 300.0):
         self.profile = profile
         self.closed = False
         self.info: dict[int, dict] = {}
         self.beats: dict[int, tuple[float, dict]] = {}
+        self.fatal: Fatal | None = None   # a stage's loop raised
         faults = parse_faults(profile.config.faults, "profile faults") + faults_from_env()
         self.faults = faults
         ctx = mp.get_context("spawn")
         self.in_q, self.handoff_q, self.out_q = ctx.Queue(), ctx.Queue(), ctx.Queue()
         queues = (self.in_q, self.handoff_q, self.out_q)
-        self._tracked: dict[str, _Tracked] = {}
+        self._tracked: dict[str, Tracked] = {}
         self._lock = threading.Lock()
         self.procs: list[mp.Process] = []
         self.pgid: int | None = None
@@ -122,7 +71,7 @@ class TTSEngine:
         p1 = ctx.Process(target=stage_main, args=(1, p0.pid, profile, queues, me, faults), name="lanekeeper-stage1-code2wav")
         p1.start()
         self.procs.append(p1)
-        self._finalizer = weakref.finalize(self, _kill_group, self.pgid, [p.pid for p in self.procs])
+        self._finalizer = weakref.finalize(self, kill_tree, [p.pid for p in self.procs], self.pgid)
         _LIVE.add(self)
         try:
             self._wait_ready(start_timeout)
@@ -145,26 +94,22 @@ class TTSEngine:
             if time.monotonic() > deadline:
                 raise EngineError(f"engine did not start within {timeout:.0f}s")
             try:
-                msg = self.out_q.get(timeout=0.2)
+                self._dispatch(self.out_q.get(timeout=0.2))
             except queue.Empty:
                 continue
-            if msg[0] == "ready":
-                self.info[msg[1]] = msg[2]
-                self.beats[msg[1]] = (time.monotonic(), {})   # ready is a stage's first sign of life
-            elif msg[0] == "beat":
-                self.beats[msg[1]] = (time.monotonic(), msg[2])
-            elif msg[0] == "fatal":
-                raise EngineError(f"stage {msg[1]} ({self.profile.stage_name(msg[1])}) failed during start-up: {msg[3]}",
-                                  detail=msg[2])
+            if self.fatal is not None:
+                stage = self.fatal.stage
+                raise EngineError(f"stage {stage} ({self.profile.stage_name(stage)}) failed during start-up: "
+                                  f"{self.fatal.summary}", detail=self.fatal.traceback)
 
-    def verdict(self) -> dict | None:
+    def verdict(self) -> Diagnosis | None:
         """Why this engine cannot serve any more (a dead, silent or stuck stage), or None."""
         return self.watchdog.verdict
 
     def dead_stages(self) -> list[int]:
         return [stage for stage, proc in enumerate(self.procs) if not proc.is_alive()]
 
-    def tracked(self) -> list[_Tracked]:
+    def tracked(self) -> list[Tracked]:
         with self._lock:
             return list(self._tracked.values())
 
@@ -175,12 +120,12 @@ class TTSEngine:
         except (NotImplementedError, AttributeError, OSError):
             return 0
 
-    def fail_request(self, request_id: str, error: dict) -> None:
+    def fail_request(self, request_id: str, diagnosis: Diagnosis) -> None:
         """Fail one request with a diagnosis and drop it from both stages."""
-        self._fail(request_id, error)
+        self._fail(request_id, diagnosis)
         if not self.closed:
             try:
-                self.in_q.put(("abort", request_id))
+                self.in_q.put(Abort(request_id))
             except (EngineError, ValueError, OSError):
                 pass
 
@@ -207,7 +152,7 @@ class TTSEngine:
         if self.closed:
             return
         try:
-            self.in_q.put(("stop",))
+            self.in_q.put(Stop())
             deadline = time.monotonic() + timeout
             for proc in self.procs:
                 proc.join(max(0.0, deadline - time.monotonic()))
@@ -216,7 +161,8 @@ class TTSEngine:
             self._finalizer()          # kills the group whatever state the stages are in
             for proc in self.procs:
                 proc.join(1)
-            self._fail_all({"kind": "EngineClosed", "message": "engine closed before the request finished"})
+            self._fail_all(Diagnosis(kind="EngineClosed", message="EngineClosed: the engine closed before the request "
+                                                                  "finished"))
             reader = getattr(self, "_reader", None)
             if reader is not None and reader is not threading.current_thread():
                 reader.join(2)
@@ -246,79 +192,82 @@ class TTSEngine:
             self._dispatch(msg)
 
     def _dispatch(self, msg) -> None:
-        if isinstance(msg, AudioChunk):
-            t = self._tracked.get(msg.request_id)
-            if t is None:
-                return
-            if not t.chunks and len(msg.audio):
-                t.timings["first_audio_s"] = time.monotonic() - t.submitted
-            t.progress(consumed=len(msg.audio) // SAMPLES_PER_FRAME)
-            t.chunks.append(msg.audio)
-            t.emit(msg)
-            if msg.final:
-                t.audio_done = True
-                self._maybe_done(t)
-            return
-        kind = msg[0]
-        if kind == "codes":
-            _, rid, codes, reason, timings = msg
-            t = self._tracked.get(rid)
-            if t:
-                t.codes, t.reason, t.stage0_done = codes, reason, True
-                t.progress(produced=len(codes), handed_off=len(codes))
-                t.timings.update(timings)
-                self._maybe_done(t)
-        elif kind == "beat":
-            self.beats[msg[1]] = (time.monotonic(), msg[2])
-            for rid, (produced, handed_off) in msg[2].get("requests", {}).items():
+        """Every message from the stages, by type."""
+        match msg:
+            case AudioChunk():
+                self._audio(msg)
+            case Codes(rid, codes, reason, timings):
                 t = self._tracked.get(rid)
-                if t is not None:
-                    t.progress(produced=produced, handed_off=handed_off)
-        elif kind == "stage1_done":
-            t = self._tracked.get(msg[1])
-            if t:
-                t.timings["stage1_s"] = msg[2]
-        elif kind == "error":
-            _, rid, stage, message = msg
-            self.fail_request(rid, {"kind": "RequestFailed", "stage": stage, "message": message})
-        elif kind == "crash":
-            _, rid, stage, summary, tb = msg
-            name = self.profile.stage_name(stage)
-            self.fail_request(rid, {"kind": "StageError", "stage": stage, "stage_name": name,
-                                    "message": f"StageError: stage {stage} ({name}) raised {summary} while handling "
-                                               f"request {rid}; the stage goes on",
-                                    "traceback": tb})
-        elif kind == "fatal":
-            _, stage, tb, summary = msg
-            self._fail_all({"kind": "StageCrashed", "stage": stage, "stage_name": self.profile.stage_name(stage),
-                            "message": summary, "traceback": tb})
+                if t:
+                    t.codes, t.reason, t.stage0_done = codes, reason, True
+                    t.progress(produced=len(codes), handed_off=len(codes))
+                    t.timings.update(timings)
+                    self._maybe_done(t)
+            case Beat(stage, stats):
+                self.beats[stage] = (time.monotonic(), stats)
+                for rid, (produced, handed_off) in stats.get("requests", {}).items():
+                    t = self._tracked.get(rid)
+                    if t is not None:
+                        t.progress(produced=produced, handed_off=handed_off)
+            case Ready(stage, info):
+                self.info[stage] = info
+                self.beats[stage] = (time.monotonic(), {})   # ready is a stage's first sign of life
+            case Decoded(rid, seconds):
+                t = self._tracked.get(rid)
+                if t:
+                    t.timings["stage1_s"] = seconds
+            case StageError(rid, stage, message, None):   # refused, e.g. longer than max_model_len
+                self.fail_request(rid, Diagnosis(kind="RequestFailed", message=message, stage=stage,
+                                                 stage_name=self.profile.stage_name(stage)))
+            case StageError(rid, stage, summary, tb):
+                name = self.profile.stage_name(stage)
+                self.fail_request(rid, Diagnosis(
+                    kind="StageError", stage=stage, stage_name=name, traceback=tb,
+                    message=f"StageError: stage {stage} ({name}) raised {summary} while handling request {rid}; "
+                            f"the stage goes on"))
+            case Fatal(stage, summary, tb):
+                self.fatal = msg
+                self._fail_all(Diagnosis(kind="StageCrashed", message=summary, stage=stage, traceback=tb,
+                                         stage_name=self.profile.stage_name(stage)))
 
-    def _maybe_done(self, t: _Tracked) -> None:
+    def _audio(self, chunk: AudioChunk) -> None:
+        t = self._tracked.get(chunk.request_id)
+        if t is None:
+            return
+        if not t.chunks and len(chunk.audio):
+            t.timings["first_audio_s"] = time.monotonic() - t.submitted
+        t.progress(consumed=len(chunk.audio) // SAMPLES_PER_FRAME)
+        t.chunks.append(chunk.audio)
+        t.emit(chunk)
+        if chunk.final:
+            t.audio_done = True
+            self._maybe_done(t)
+
+    def _maybe_done(self, t: Tracked) -> None:
         if t.codes is not None and t.audio_done:
             t.timings["total_s"] = time.monotonic() - t.submitted
             self._complete(t)
 
-    def _complete(self, t: _Tracked) -> None:
+    def _complete(self, t: Tracked) -> None:
         with self._lock:
             if self._tracked.pop(t.request.request_id, None) is None:
                 return
         t.done.set()
         t.emit(None)
 
-    def _fail(self, rid: str, error: dict) -> None:
+    def _fail(self, rid: str, diagnosis: Diagnosis) -> None:
         t = self._tracked.get(rid)
         if t is None:
             return
-        error = {**error, "request_id": rid}
-        t.error = error
+        t.error = diagnosis if diagnosis.request_id == rid else diagnosis.for_request(rid)
         self._complete(t)
 
-    def _fail_all(self, error: dict) -> None:
+    def _fail_all(self, diagnosis: Diagnosis) -> None:
         for rid in list(self._tracked):
-            self._fail(rid, error)
+            self._fail(rid, diagnosis)
 
     # -------------------------------------------------------------- input side
-    def submit(self, request: SpeechRequest, listener=None) -> _Tracked:
+    def submit(self, request: SpeechRequest, listener=None) -> Tracked:
         """Queue one request.  `listener(item)` (called on the engine's reader thread) gets each
         AudioChunk and then None; without one, items go to the tracked request's queue."""
         if self.closed:
@@ -327,28 +276,28 @@ class TTSEngine:
         with self._lock:
             if request.request_id in self._tracked:
                 raise RequestError(f"request id {request.request_id!r} is already in flight", "request_id")
-            t = _Tracked(request, time.monotonic(), listener=listener)
+            t = Tracked(request, time.monotonic(), listener=listener)
             self._tracked[request.request_id] = t
-        self.in_q.put(("add", request))
+        self.in_q.put(Add(request))
         return t
 
     def abort(self, request_id: str) -> None:
         if not self.closed:
-            self.in_q.put(("abort", request_id))
-        self._fail(request_id, {"kind": "Aborted", "message": "request aborted"})
+            self.in_q.put(Abort(request_id))
+        self._fail(request_id, Diagnosis(kind="Aborted", message="Aborted: the request was aborted"))
 
     @staticmethod
-    def _result(t: _Tracked) -> SpeechResult:
+    def _result(t: Tracked) -> SpeechResult:
         audio = np.concatenate(t.chunks) if t.chunks else np.zeros(0, dtype=np.float32)
         codes = t.codes if t.codes is not None else np.zeros((0, CODEBOOKS), dtype=np.int64)
         if t.error is not None:
-            status = "aborted" if t.error.get("kind") == "Aborted" else "finished_error"
+            status = "aborted" if t.error.kind == "Aborted" else "finished_error"
         else:
             status = t.reason
         return SpeechResult(t.request.request_id, audio, SAMPLE_RATE, codes, status, dict(t.timings), t.error)
 
     def generate(self, requests: Iterable[SpeechRequest], timeout: float | None = None) -> list[SpeechResult]:
-        """Results in input order.  A failed request has status finished_error and an `error` dict."""
+        """Results in input order.  A failed request has status finished_error and its `error` Diagnosis."""
         requests = list(requests)
         for r in requests:
             r.validate()

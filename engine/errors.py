@@ -1,6 +1,13 @@
-"""Engine errors.  A failed request carries a structured diagnosis (`.error`), and the
-stall kinds have their own classes so that tests and callers can catch exactly them."""
+"""Errors.  `UserError` is everything a user can fix (a profile, a flag, a file, a request):
+`lanekeeper` prints it in one line and exits 2.  A failed request raises `RequestFailed` carrying its
+`Diagnosis`; the stall kinds have classes of their own so that callers can catch exactly them."""
 from __future__ import annotations
+
+from engine.diagnosis import WATCHDOG_KINDS, Diagnosis
+
+
+class UserError(Exception):
+    """Bad input, said in words that name what and where."""
 
 
 class EngineError(RuntimeError):
@@ -10,9 +17,9 @@ class EngineError(RuntimeError):
 
 
 class RequestFailed(EngineError):
-    def __init__(self, error: dict):
-        super().__init__(error.get("message", str(error)))
-        self.error = error
+    def __init__(self, diagnosis: Diagnosis):
+        super().__init__(diagnosis.message)
+        self.diagnosis = diagnosis
 
 
 class StageHandoffStall(RequestFailed):
@@ -27,9 +34,10 @@ class StageDied(RequestFailed):
     """A stage process exited."""
 
 
-WATCHDOG_KINDS = {cls.__name__: cls for cls in (StageHandoffStall, StageStall, StageDied)}
+_STALLS = {cls.__name__: cls for cls in (StageHandoffStall, StageStall, StageDied)}
+assert set(_STALLS) == set(WATCHDOG_KINDS)
 
 
-def failure(error: dict) -> RequestFailed:
-    """The exception class that matches a diagnosis."""
-    return WATCHDOG_KINDS.get(error.get("kind"), RequestFailed)(error)
+def failure(diagnosis: Diagnosis) -> RequestFailed:
+    """The exception that matches a diagnosis."""
+    return _STALLS.get(diagnosis.kind, RequestFailed)(diagnosis)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from engine.errors import UserError
+
 ENV = "LANEKEEPER_FAULTS"
 
 KINDS: dict[str, dict[str, tuple[type, object]]] = {
@@ -27,7 +29,7 @@ KINDS: dict[str, dict[str, tuple[type, object]]] = {
 }
 
 
-class FaultSpecError(ValueError):
+class FaultSpecError(UserError, ValueError):
     pass
 
 

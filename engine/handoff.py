@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.presets import CODEBOOKS
-from engine.request import Frames
+from engine.messages import Frames
 
 
 class HandoffPolicy:

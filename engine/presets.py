@@ -1,4 +1,4 @@
-"""Model shapes.  `tiny` runs the whole matrix on a 2-core CPU; `0.6b` has the anchor's shapes."""
+"""Model shapes.  `tiny` runs the whole matrix on a 2-core CPU; `0.6b` has Qwen3-TTS 0.6B's shapes."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,10 +6,9 @@ from dataclasses import dataclass
 CODEBOOKS = 16
 CODEBOOK_SIZE = 2048
 CODEC_VOCAB = 3072          # codebook-0 ids; 2048..3071 are special
-CODEC_PAD, CODEC_BOS, CODEC_EOS = 2148, 2149, 2150
+CODEC_BOS, CODEC_EOS = 2149, 2150   # 2148 is the (unused) codec pad
 SAMPLE_RATE = 24000
-FRAME_RATE = 12.5
-SAMPLES_PER_FRAME = 1920    # 2*2 (pre-upsample) * 8*5*4*3
+SAMPLES_PER_FRAME = 1920    # 2*2 (pre-upsample) * 8*5*4*3: 12.5 frames a second
 
 
 @dataclass(frozen=True)

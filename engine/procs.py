@@ -11,16 +11,45 @@ import time
 STACK_DUMP_SIGNAL = signal.SIGUSR1
 
 
-def kill_processes(procs, timeout: float = 5.0) -> None:
-    """SIGKILL each psutil.Process (gone ones are fine) and reap them."""
+def kill_tree(roots, group: int | None = None, timeout: float = 5.0) -> None:
+    """SIGKILL each root (a pid or a psutil.Process) with everything under it, and the process group
+    `group`, then reap them.  Gone ones are fine.  The one way anything here is ended by force: the
+    engine, the server fixture, the lane runner and the test plugin all end processes through it."""
     import psutil
 
-    for proc in procs:
+    victims = []
+    for root in roots:
+        try:
+            proc = root if isinstance(root, psutil.Process) else psutil.Process(root)
+            victims += [proc, *proc.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    if group:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for proc in victims:
         try:
             proc.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(procs, timeout=timeout)
+    psutil.wait_procs(victims, timeout=timeout)
+
+
+def engine_processes() -> list:
+    """This process's descendants that belong to an engine: stages, vLLM's engine core and workers,
+    speech servers (as `describe_process` knows them)."""
+    import psutil
+
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if describe_process(proc.name(), " ".join(proc.cmdline())) is not None:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
 
 
 def join_group(leader_pid: int | None) -> None:
@@ -58,9 +87,9 @@ def name_process(title: str) -> None:
         ctypes.CDLL(None).prctl(PR_SET_NAME, title.encode()[:15], 0, 0, 0)
 
 
-def describe_process(name: str, cmdline: str) -> str:
+def describe_process(name: str, cmdline: str) -> str | None:
     """What a process of an engine is, from its name and command line: stage N (its name), vLLM's engine
-    core or worker, the speech server."""
+    core or worker, the speech server; None for any other process."""
     stage = STAGE_TITLE.match(name)
     if stage:
         return f"stage {stage.group(1)} ({stage.group(2)})"
@@ -70,7 +99,9 @@ def describe_process(name: str, cmdline: str) -> str:
         return "vLLM worker"
     if "ci.cli serve" in cmdline or "lanekeeper serve" in cmdline:
         return "speech server"
-    return cmdline[-80:] or name
+    if "multiprocessing.spawn" in cmdline and "resource_tracker" not in cmdline:
+        return "stage process (not named yet)"
+    return None
 
 
 def stage_main(stage_id: int, leader_pid: int | None, profile, queues, parent_pid: int, faults=()) -> None:

@@ -21,10 +21,12 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.constructor import DuplicateKeyError
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
+from engine.errors import UserError
+
 MISSING = type("Missing", (), {"__repr__": lambda self: "<absent>", "__bool__": lambda self: False})()
 
 
-class ProfileError(Exception):
+class ProfileError(UserError):
     """A profile, override or platform that cannot be resolved; says where."""
 
     def __init__(self, message: str, path: str | os.PathLike | None = None, key: str | None = None,

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.diagnosis import Diagnosis
+from engine.errors import UserError
 from engine.tokenizer import LANGUAGES, TASK_TYPES, VOICES
 
 _ids = itertools.count()
@@ -19,7 +21,7 @@ MAX_REPETITION_PENALTY = 10.0
 MAX_NEW_TOKENS = 65536          # a bound of the type; the stage's max_model_len is the real one
 
 
-class RequestError(ValueError):
+class RequestError(UserError, ValueError):
     """A request the engine refuses before it reaches a stage; `param` names the field."""
 
     def __init__(self, message: str, param: str | None = None):
@@ -92,15 +94,6 @@ def _in_range(name: str, value, low, high, integer: bool = False) -> None:
 
 
 @dataclass
-class Frames:
-    """A window of codec frames handed from stage 0 to stage 1."""
-    request_id: str
-    start: int                 # index of the first frame in this window
-    codes: np.ndarray          # [n, 16] int64
-    final: bool
-
-
-@dataclass
 class AudioChunk:
     request_id: str
     index: int
@@ -116,7 +109,7 @@ class SpeechResult:
     codes: np.ndarray          # [frames, 16]
     status: str                # finished_stopped | finished_length | finished_error | aborted
     timings: dict[str, float] = field(default_factory=dict)
-    error: dict | None = None
+    error: Diagnosis | None = None
 
     @property
     def ok(self) -> bool:

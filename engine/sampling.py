@@ -1,4 +1,4 @@
-"""Sampling as the anchor does it: repetition penalty, temperature, top-k, top-p.
+"""Sampling as Qwen3-TTS does it: repetition penalty, temperature, top-k, top-p.
 
 Each request owns a torch.Generator seeded from its seed and draws from it in a
 fixed order (codebook 0, then 1..15, every frame).  A request's tokens therefore

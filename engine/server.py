@@ -15,335 +15,46 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
-import io
 import json
-import os
 import logging
-import struct
-import time
-import traceback
-import uuid
-from pathlib import Path
-from typing import Literal
+import os
 
 import numpy as np
-import soundfile as sf
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.exceptions import HTTPException
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from engine.api_errors import APIError, engine_error, install_handlers
+from engine.audio_out import MEDIA_TYPES, AudioStream, StreamCut, encode, pcm16, wav_header
 from engine.engine import TTSEngine
 from engine.errors import EngineError
-from engine.presets import SAMPLE_RATE
-from engine.request import (MAX_INPUT_CHARS, MAX_NEW_TOKENS, MAX_SEED, MAX_TEMPERATURE, RequestError,
-                            SpeechRequest)
+from engine.metrics import Call, Metrics
+from engine.presets import SAMPLES_PER_FRAME
+from engine.request import RequestError, SpeechRequest
+from engine.speech_body import MODEL_ID, ReferenceLoader, SpeechBody, parse_body, read_body, to_request
 from engine.supervisor import RestartPolicy, Supervisor
 
 log = logging.getLogger("lanekeeper.server")
 
-MODEL_ID = "qwen3-tts"
-MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp3": "audio/mpeg",
-               "opus": "audio/opus"}
-STREAMABLE = ("wav", "pcm")
-MAX_REF_AUDIO_BYTES = 20 * 1024 * 1024
-MAX_BODY_BYTES = 32 * 1024 * 1024   # a base64 ref_audio at its cap, plus the rest of the body
 EXIT_STARTUP_FAILED = 3             # as uvicorn: the engine never started
 EXIT_GAVE_UP = 4                    # the engine kept failing past the restart limit
-_TAKEN = object()
 
 
-class SpeechBody(BaseModel):
-    # The bounds are the engine's own (engine/request.py), so that a request the engine cannot honour is a
-    # 400 here, naming the field, and never reaches a stage.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+class Service:
+    """What the routes share: the supervised engine, the metrics, where reference audio may come from."""
 
-    input: str
-    model: str = MODEL_ID
-    voice: str | None = "vivian"
-    response_format: Literal["wav", "pcm", "flac", "mp3", "opus"] = "wav"
-    speed: float = Field(1.0, ge=0.25, le=4.0)
-    stream: bool = False
-    stream_format: Literal["audio", "sse"] = "audio"
-    task_type: Literal["CustomVoice", "VoiceDesign", "Base"] = "CustomVoice"
-    language: str = "auto"
-    instructions: str | None = Field(None, max_length=MAX_INPUT_CHARS)
-    ref_audio: str | None = None
-    ref_text: str | None = Field(None, max_length=MAX_INPUT_CHARS)
-    max_new_tokens: int | None = Field(None, ge=1, le=MAX_NEW_TOKENS)
-    seed: int = Field(0, ge=0, le=MAX_SEED)
-    temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE)
+    def __init__(self, engine_factory, allowed_local_media_path: str | None, model_id: str, policy: RestartPolicy,
+                 on_give_up):
+        self.metrics = Metrics()
+        self.sup = Supervisor(engine_factory, policy, on_give_up=on_give_up, on_restart=self.metrics.restarts.inc)
+        self.refs = ReferenceLoader(allowed_local_media_path)
+        self.model_id = model_id
+        self.shutting_down = False
 
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type_: str = "invalid_request_error", extra: dict | None = None, headers: dict | None = None,
-                 trace: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.type, self.extra = \
-            status, message, param, code, type_, extra
-        self.headers = headers
-        self.trace = trace or (extra or {}).get("traceback")
-        self.error_id: str | None = None
-
-    def body(self) -> dict:
-        """The OpenAI error object.  A server error is logged here, once, under the id the client gets."""
-        err = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
-        if self.status >= 500:
-            if self.error_id is None:
-                self.error_id = "err_" + uuid.uuid4().hex[:16]
-                detail = json.dumps({k: v for k, v in (self.extra or {}).items() if k != "traceback"}, default=str)
-                log.error("%s: %d %s: %s %s%s", self.error_id, self.status, self.code, self.message, detail,
-                          "\n" + self.trace if self.trace else "")
-            err["id"] = self.error_id
-            err["message"] = f"{self.message} (error id {self.error_id} in the server log)"
-        if self.extra:
-            err["diagnosis"] = {k: v for k, v in self.extra.items() if k != "traceback"}
-        return {"error": err}
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
-
-
-def engine_error(error: dict) -> APIError:
-    """An engine-side failure (stall, dead stage, ...) as a 5xx with the structured diagnosis."""
-    kind = error.get("kind", "EngineError")
-    if kind == "RequestFailed":   # the stage refused this request (e.g. longer than max_model_len)
-        return APIError(400, error.get("message", kind), "input", "request_refused", extra=error)
-    status = 503 if kind in ("StageDied", "StageCrashed", "EngineClosed") else 500
-    return APIError(status, error.get("message", kind), code=kind, type_="server_error", extra=error)
-
-
-def parse_body(raw: bytes) -> "SpeechBody":
-    """The request body as a SpeechBody, or a 400 that says what is wrong with it and where."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise APIError(400, f"request body is not UTF-8: byte 0x{raw[e.start]:02x} at offset {e.start}",
-                       code="invalid_json") from None
-    try:
-        data = json.loads(text)
-    except RecursionError:
-        raise APIError(400, "request body nests too deeply to parse", code="invalid_json") from None
-    except ValueError as e:
-        raise APIError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise APIError(400, f"request body must be a JSON object, not {type(data).__name__}", code="invalid_json")
-    try:
-        return SpeechBody.model_validate(data)
-    except ValidationError as e:
-        err = e.errors()[0]
-        param = ".".join(str(p) for p in err.get("loc", ())) or None
-        unknown = err.get("type") == "extra_forbidden"
-        msg = "unknown field" if unknown else err.get("msg", "invalid request")
-        raise APIError(400, f"{param}: {msg}" if param else msg, param,
-                       "unknown_field" if unknown else "invalid_value") from None
-    except RecursionError:
-        raise APIError(400, "request body nests too deeply to validate", code="invalid_json") from None
-
-
-async def read_body(request: Request) -> bytes:
-    """The body, refused with 413 as soon as it passes MAX_BODY_BYTES (never buffered whole)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise APIError(413, f"request body is {int(declared)} bytes; at most {MAX_BODY_BYTES}", code="body_too_large")
-    parts, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > MAX_BODY_BYTES:
-            raise APIError(413, f"request body is over {MAX_BODY_BYTES} bytes", code="body_too_large")
-        parts.append(part)
-    return b"".join(parts)
-
-
-class StreamCut(Exception):
-    """Raised by a raw audio body to end the transfer without its last chunk."""
-
-
-class AudioStream(StreamingResponse):
-    """A streamed body that can be cut off, and that always runs `on_close`, even if it never started.
-
-    HTTP has no way to fail a response whose headers are sent, except not finishing it: without
-    the final chunk uvicorn closes the connection and every client reports an incomplete read.
-    """
-
-    def __init__(self, content, on_close, **kw):
-        super().__init__(content, **kw)
-        self.on_close = on_close
-
-    async def stream_response(self, send) -> None:
-        try:
-            await super().stream_response(send)
-        except StreamCut:
-            pass
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.on_close()
-
-
-class Metrics:
-    def __init__(self):
-        self.registry = CollectorRegistry()
-        self.requests = Counter("lanekeeper_requests", "Speech requests by final status: success, error, "
-                                "cancelled (client gone), rejected (4xx before the engine)", ["status"],
-                                registry=self.registry)
-        self.restarts = Counter("lanekeeper_engine_restarts", "Engines replaced after a dead or stalled stage",
-                                registry=self.registry)
-        self.ttfp = Histogram("lanekeeper_time_to_first_audio_seconds", "Time to the first audio packet",
-                              registry=self.registry,
-                              buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
-        self.rtf = Histogram("lanekeeper_real_time_factor", "Request latency / audio duration",
-                             registry=self.registry, buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8))
-        self.audio = Counter("lanekeeper_audio_seconds", "Audio seconds produced", registry=self.registry)
-        self.in_flight = Gauge("lanekeeper_requests_in_flight", "Requests being served", registry=self.registry)
-        self.queue_depth = Gauge("lanekeeper_stage_queue_depth", "Requests waiting or running per stage",
-                                 ["stage"], registry=self.registry)
-        for status in ("success", "error", "cancelled", "rejected"):
-            self.requests.labels(status=status)
-
-
-class Call:
-    """One speech request from arrival to its end, counted exactly once, by how it ended."""
-
-    def __init__(self, metrics: Metrics):
-        self.metrics, self.started = metrics, time.monotonic()
-        self.first_audio: float | None = None
-        self.audio_s = 0.0
-        self.done = False
-        metrics.in_flight.inc()
-
-    def audio(self, samples: int) -> None:
-        if samples:
-            self.first_audio = self.first_audio or time.monotonic()
-            self.audio_s += samples / SAMPLE_RATE
-
-    def finish(self, status: str) -> None:
-        if self.done:
-            return
-        self.done = True
-        m = self.metrics
-        m.in_flight.dec()
-        m.requests.labels(status=status).inc()
-        if self.first_audio is not None:
-            m.ttfp.observe(self.first_audio - self.started)
-        if self.audio_s > 0:
-            m.audio.inc(self.audio_s)
-            m.rtf.observe((time.monotonic() - self.started) / self.audio_s)
-
-
-def pcm16(audio: np.ndarray) -> bytes:
-    return (np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
-
-
-def wav_header(data_bytes: int = 0xFFFFFFFF - 36) -> bytes:
-    """A PCM16 mono WAV header; streaming uses the largest size, as players expect from live WAV."""
-    return (b"RIFF" + struct.pack("<I", min(0xFFFFFFFF, 36 + data_bytes)) + b"WAVEfmt "
-            + struct.pack("<IHHIIHH", 16, 1, 1, SAMPLE_RATE, SAMPLE_RATE * 2, 2, 16)
-            + b"data" + struct.pack("<I", data_bytes))
-
-
-def encode(audio: np.ndarray, fmt: str) -> bytes:
-    """Every format carries the same 16-bit samples as the stream would."""
-    pcm = pcm16(audio)
-    if fmt == "pcm":
-        return pcm
-    buf = io.BytesIO()
-    sf.write(buf, np.frombuffer(pcm, dtype="<i2"), SAMPLE_RATE, format=fmt.upper(), subtype="PCM_16")
-    return buf.getvalue()
-
-
-class ReferenceLoader:
-    """`ref_audio` as a data URL, or a file:// path inside --allowed-local-media-path."""
-
-    def __init__(self, allowed_dir: str | None):
-        self.allowed = Path(allowed_dir).resolve() if allowed_dir else None
-
-    def load(self, ref: str) -> tuple[np.ndarray, int]:
-        if ref.startswith("data:"):
-            header, sep, payload = ref.partition(",")
-            if not sep or ";base64" not in header:
-                raise APIError(400, "ref_audio data URL must look like data:audio/wav;base64,<data>", "ref_audio")
-            try:
-                raw = base64.b64decode(payload, validate=True)
-            except (binascii.Error, ValueError):
-                raise APIError(400, "ref_audio is not valid base64", "ref_audio", "invalid_base64") from None
-            return self._decode(raw)
-        if ref.startswith("file://"):
-            if self.allowed is None:
-                raise APIError(400, "local ref_audio paths are disabled; start the server with "
-                                    "--allowed-local-media-path", "ref_audio", "local_media_disabled")
-            path = Path(ref[len("file://"):])
-            real = path.resolve()
-            if not real.is_relative_to(self.allowed):
-                raise APIError(403, "ref_audio path is outside the allowed media directory", "ref_audio",
-                               "path_not_allowed")
-            if not real.is_file():
-                raise APIError(400, f"ref_audio file not found: {path}", "ref_audio")
-            if real.stat().st_size > MAX_REF_AUDIO_BYTES:
-                raise APIError(400, "ref_audio is too large", "ref_audio")
-            return self._decode(real.read_bytes())
-        if ref.startswith(("http://", "https://")):
-            raise APIError(400, "ref_audio URLs are not fetched by this server; send a data URL", "ref_audio")
-        raise APIError(400, "ref_audio must be a data: URL or a file:// path", "ref_audio")
-
-    @staticmethod
-    def _decode(raw: bytes) -> tuple[np.ndarray, int]:
-        if len(raw) > MAX_REF_AUDIO_BYTES:
-            raise APIError(400, "ref_audio is too large", "ref_audio")
-        try:
-            audio, sr = sf.read(io.BytesIO(raw), dtype="float32", always_2d=True)
-        except Exception:   # libsndfile reports every undecodable input its own way
-            raise APIError(400, "ref_audio is not decodable audio", "ref_audio", "invalid_audio") from None
-        if audio.shape[0] == 0:
-            raise APIError(400, "ref_audio holds no samples", "ref_audio", "invalid_audio")
-        return audio.mean(axis=1), sr
-
-
-def create_app(engine_factory, allowed_local_media_path: str | None = None, model_id: str = MODEL_ID,
-               policy: RestartPolicy = RestartPolicy(), on_give_up=lambda reason: None) -> FastAPI:
-    """`engine_factory()` builds an engine at start-up and after each restart; the app closes it at shutdown.
-    `on_give_up(reason)` is called once the engine failed past the restart limit."""
-    state = {"shutting_down": False}
-    metrics = Metrics()
-    sup = Supervisor(engine_factory, policy, on_give_up=on_give_up, on_restart=metrics.restarts.inc)
-    refs = ReferenceLoader(allowed_local_media_path)
-
-    async def lifespan(app):
-        await asyncio.get_running_loop().run_in_executor(None, sup.start_engine)
-        try:
-            yield
-        finally:
-            state["shutting_down"] = True
-            await asyncio.get_running_loop().run_in_executor(None, sup.stop)
-
-    app = FastAPI(title="lanekeeper speech", lifespan=lifespan)
-    app.state.supervisor = sup
-    app.state.metrics = metrics
-
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, exc: APIError):
-        return exc.response()
-
-    @app.exception_handler(HTTPException)
-    async def _http_error(request: Request, exc: HTTPException):
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        message = f"{request.method} {request.url.path}: {exc.detail}"
-        return APIError(exc.status_code, message, code=code, headers=exc.headers).response()
-
-    @app.exception_handler(Exception)
-    async def _crash(request: Request, exc: Exception):
-        trace = "".join(traceback.format_exception(exc))
-        return APIError(500, f"internal server error ({type(exc).__name__})", code="internal_error",
-                        type_="server_error", trace=trace).response()
-
-    def unavailable() -> APIError | None:
+    def unavailable(self) -> APIError | None:
         """Why no request can be served now, or None."""
-        if state["shutting_down"]:
+        sup = self.sup
+        if self.shutting_down:
             return APIError(503, "server is shutting down", code="shutting_down", type_="server_error")
         if sup.state == "starting":
             return APIError(503, "engine is starting", code="engine_starting", type_="server_error",
@@ -356,173 +67,156 @@ def create_app(engine_factory, allowed_local_media_path: str | None = None, mode
                             type_="server_error")
         verdict = sup.engine.verdict()
         if verdict is not None:
-            return APIError(503, verdict["message"], code=verdict["kind"], type_="server_error", extra=verdict,
-                            headers={"Retry-After": "1"})
+            return engine_error(verdict, status=503, headers={"Retry-After": "1"})
         return None
 
-    @app.get("/health")
-    async def health():
-        down = unavailable()
+    async def health(self):
+        down = self.unavailable()
+        engine = self.sup.engine
+        dead = engine.dead_stages() if engine is not None and not engine.closed else []   # before the watchdog's tick
+        if down is None and not dead:
+            return {"status": "ok", "restarts": self.sup.restarts}
         if down is None:
-            dead = sup.engine.dead_stages()   # before the watchdog's next tick has seen it
-            if not dead:
-                return {"status": "ok", "restarts": sup.restarts}
             return JSONResponse({"status": "unhealthy", "dead_stages": dead,
                                  "reason": f"stage(s) {', '.join(map(str, dead))} exited"}, status_code=503)
         status = {"engine_restarting": "restarting", "shutting_down": "shutting_down",
                   "engine_starting": "starting"}.get(down.code, "unhealthy")
-        body = {"status": status, "reason": down.message, "restarts": sup.restarts}
-        if down.extra:
-            body["stage"] = down.extra.get("stage")
-        dead = sup.engine.dead_stages() if sup.engine is not None and not sup.engine.closed else []
+        body = {"status": status, "reason": down.message, "restarts": self.sup.restarts}
+        if down.diagnosis is not None:
+            body["stage"] = down.diagnosis.stage
         if dead:
             body["dead_stages"] = dead
         return JSONResponse(body, status_code=503, headers=down.headers)
 
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "owned_by": "lanekeeper",
+    async def models(self):
+        return {"object": "list", "data": [{"id": self.model_id, "object": "model", "owned_by": "lanekeeper",
                                             "created": 0}]}
 
-    @app.get("/metrics")
-    async def prometheus():
-        engine = sup.engine
+    async def prometheus(self):
+        engine = self.sup.engine
         if engine is not None and not engine.closed:
             for stage, depth in engine.queue_depths().items():
-                metrics.queue_depth.labels(stage=str(stage)).set(depth)
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+                self.metrics.queue_depth.labels(stage=str(stage)).set(depth)
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/v1/audio/speech")
-    async def speech(request: Request):
-        call = Call(metrics)
+    async def speech(self, request: Request):
+        """One speech request, ended through `call.end` whichever way it goes."""
+        call = Call(self.metrics)
         try:
-            return await synthesize(request, call)
+            body = parse_body(await read_body(request))
+            audio = await self.start(to_request(body, self.model_id, self.refs), call)
+            if not body.stream:
+                parts = [a async for a in audio]
+                call.end("success")
+                return Response(encode(np.concatenate(parts) if parts else np.zeros(0, np.float32),
+                                       body.response_format), media_type=MEDIA_TYPES[body.response_format])
+            if body.stream_format == "sse":
+                return AudioStream(sse_events(body, audio, call), lambda: call.end("cancelled"),
+                                   media_type="text/event-stream")
+            return AudioStream(raw_audio(body, audio, call), lambda: call.end("cancelled"),
+                               media_type=MEDIA_TYPES[body.response_format])
         except APIError as e:
-            call.finish("rejected" if e.status < 500 else "error")
+            call.end("rejected" if e.status < 500 else "error")
             raise
-        except asyncio.CancelledError:
-            call.finish("cancelled")
+        except asyncio.CancelledError:   # the client went away
+            call.end("cancelled")
             raise
         except BaseException:
-            call.finish("error")
+            call.end("error")
             raise
 
-    def to_request(body: SpeechBody) -> SpeechRequest:
-        if body.model not in (model_id, "tts-1", "tts-1-hd", "gpt-4o-mini-tts"):
-            raise APIError(404, f"model {body.model!r} does not exist; this server serves {model_id!r}",
-                           "model", "model_not_found")
-        if body.response_format not in ("wav", "pcm", "flac"):
-            raise APIError(400, f"response_format {body.response_format!r} is not supported; use wav, pcm or flac",
-                           "response_format", "unsupported_format")
-        if body.speed != 1.0:
-            raise APIError(400, "speed other than 1.0 is not supported", "speed", "unsupported_speed")
-        if body.stream and body.response_format not in STREAMABLE:
-            raise APIError(400, f"streaming needs response_format pcm or wav, not {body.response_format}",
-                           "response_format", "format_not_streamable")
-        if len(body.input) > MAX_INPUT_CHARS:
-            raise APIError(400, f"input is {len(body.input)} characters; at most {MAX_INPUT_CHARS}", "input",
-                           "input_too_long")
-        ref_audio, ref_sr = refs.load(body.ref_audio) if body.ref_audio else (None, SAMPLE_RATE)
-        req = SpeechRequest(text=body.input, task_type=body.task_type, voice=body.voice,
-                            instructions=body.instructions, ref_audio=ref_audio, ref_sample_rate=ref_sr,
-                            ref_text=body.ref_text, language=body.language, seed=body.seed,
-                            temperature=body.temperature, max_new_tokens=body.max_new_tokens)
-        try:
-            req.validate()
-        except RequestError as e:
-            raise APIError(400, str(e), e.param, "invalid_value") from None
-        return req
-
-    async def synthesize(request: Request, call: Call):
-        body = parse_body(await read_body(request))
-        req = to_request(body)
-        down = unavailable()
+    async def start(self, req: SpeechRequest, call: Call):
+        """Submit, and wait for the first audio (or the failure), so that a request refused up front gets a
+        proper status instead of a broken stream.  Returns the audio arrays as an async iterator."""
+        down = self.unavailable()
         if down is not None:
             raise down
-        engine: TTSEngine = sup.engine
+        engine: TTSEngine = self.sup.engine
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         try:
             tracked = engine.submit(req, listener=lambda item: loop.call_soon_threadsafe(events.put_nowait, item))
         except EngineError:   # closed between the check and the submit: a restart began
-            raise unavailable() or APIError(503, "engine is closed", code="EngineClosed", type_="server_error")
-
-        try:
-            first_item = await events.get()   # so that a request refused up front gets a proper status
-        except asyncio.CancelledError:
-            engine.abort(req.request_id)
-            raise
-        if first_item is None and tracked.error is not None:
+            raise self.unavailable() or APIError(503, "engine is closed", code="EngineClosed", type_="server_error")
+        call.submitted(engine, tracked)
+        first = await events.get()
+        if first is None and tracked.error is not None:
             raise engine_error(tracked.error)
 
-        async def chunks():
-            """Audio arrays as they arrive; raises APIError on an engine failure."""
-            item = first_item
-            while True:
-                if item is _TAKEN:
-                    item = await events.get()
-                if item is None:
-                    if tracked.error is not None:
-                        raise engine_error(tracked.error)
-                    return
+        async def arrays():
+            item = first
+            while item is not None:
                 call.audio(len(item.audio))
-                audio, item = item.audio, _TAKEN
-                yield audio
+                yield item.audio
+                item = await events.get()
+            if tracked.error is not None:
+                raise engine_error(tracked.error)
 
-        if not body.stream:
-            try:
-                parts = [a async for a in chunks()]
-            except asyncio.CancelledError:
-                engine.abort(req.request_id)
-                raise
-            call.finish("success")
-            audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
-            return Response(encode(audio, body.response_format), media_type=MEDIA_TYPES[body.response_format])
+        return arrays()
 
-        def closed() -> None:
-            if not call.done:   # the client went away, or the body never started
-                engine.abort(req.request_id)
-                call.finish("cancelled")
 
-        async def stream_audio():
-            sent = 0
-            if body.response_format == "wav":
-                yield wav_header()
-            try:
-                async for audio in chunks():
-                    data = pcm16(audio)
-                    sent += len(data)
-                    yield data
-            except APIError as e:
-                e.body()   # logged under its error id
-                log.error("%s: audio stream of request %s cut off after %d bytes", e.error_id, req.request_id, sent)
-                call.finish("error")
-                raise StreamCut() from None
-            call.finish("success")
+async def raw_audio(body: SpeechBody, audio, call: Call):
+    """PCM (after a WAV header, for wav), cut off without its last chunk if the engine fails midway."""
+    sent = 0
+    if body.response_format == "wav":
+        yield wav_header()
+    try:
+        async for part in audio:
+            data = pcm16(part)
+            sent += len(data)
+            yield data
+    except APIError as e:
+        e.body()   # logged under its error id
+        log.error("%s: audio stream of request %s cut off after %d bytes", e.error_id, call.request_id, sent)
+        call.end("error")
+        raise StreamCut() from None
+    call.end("success")
 
-        async def stream_sse():
-            frames = 0
-            try:
-                first = True
-                async for audio in chunks():
-                    data = pcm16(audio)
-                    if first and body.response_format == "wav":
-                        data = wav_header() + data
-                    first = False
-                    frames += len(audio) // 1920
-                    yield f"data: {json.dumps({'type': 'speech.audio.delta', 'audio': base64.b64encode(data).decode()})}\n\n"
-                usage = {"input_tokens": len(body.input.encode()), "output_tokens": frames,
-                         "total_tokens": len(body.input.encode()) + frames}
-                yield f"data: {json.dumps({'type': 'speech.audio.done', 'usage': usage})}\n\n"
-                call.finish("success")
-            except APIError as e:
-                yield f"data: {json.dumps({'type': 'speech.audio.error', **e.body()})}\n\n"
-                call.finish("error")
 
-        if body.stream_format == "sse":
-            return AudioStream(stream_sse(), closed, media_type="text/event-stream")
-        return AudioStream(stream_audio(), closed, media_type=MEDIA_TYPES[body.response_format])
+async def sse_events(body: SpeechBody, audio, call: Call):
+    """speech.audio.delta events, then speech.audio.done with usage, or speech.audio.error."""
+    frames, first = 0, True
+    try:
+        async for part in audio:
+            data = pcm16(part)
+            if first and body.response_format == "wav":
+                data = wav_header() + data
+            first = False
+            frames += len(part) // SAMPLES_PER_FRAME
+            yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+        tokens = len(body.input.encode())
+        yield _event({"type": "speech.audio.done",
+                      "usage": {"input_tokens": tokens, "output_tokens": frames, "total_tokens": tokens + frames}})
+        call.end("success")
+    except APIError as e:
+        yield _event({"type": "speech.audio.error", **e.body()})
+        call.end("error")
 
+
+def _event(data: dict) -> str:
+    return f"data: {json.dumps(data)}\n\n"
+
+
+def create_app(engine_factory, allowed_local_media_path: str | None = None, model_id: str = MODEL_ID,
+               policy: RestartPolicy = RestartPolicy(), on_give_up=lambda reason: None) -> FastAPI:
+    """`engine_factory()` builds an engine at start-up and after each restart; the app closes it at shutdown.
+    `on_give_up(reason)` is called once the engine failed past the restart limit."""
+    svc = Service(engine_factory, allowed_local_media_path, model_id, policy, on_give_up)
+
+    async def lifespan(app):
+        await asyncio.get_running_loop().run_in_executor(None, svc.sup.start_engine)
+        try:
+            yield
+        finally:
+            svc.shutting_down = True
+            await asyncio.get_running_loop().run_in_executor(None, svc.sup.stop)
+
+    app = FastAPI(title="lanekeeper speech", lifespan=lifespan)
+    install_handlers(app)
+    app.get("/health")(svc.health)
+    app.get("/v1/models")(svc.models)
+    app.get("/metrics")(svc.prometheus)
+    app.post("/v1/audio/speech")(svc.speech)
     return app
 
 

@@ -1,214 +1,21 @@
-"""Stage 0 process: schedule requests, run the talker and code predictor, hand frames off.
-
-One iteration: admit waiting requests (prefill, within max_num_seqs and the
-max_num_batched_tokens prompt budget), decode one frame for every running
-request, sample, then hand off whatever windows are due.
-"""
+"""Stage 0 process: the talker of the profile's backend, stepped until the engine says stop."""
 from __future__ import annotations
 
 import os
-import time
-from collections import deque
-from contextlib import contextmanager
 
-import numpy as np
-import torch
-
-from engine.handoff import HandoffPolicy
-from engine.model_runner import CapacityError, Sequence, make_runner
-from engine.models import build_models
-from engine.presets import CODEBOOKS, SAMPLES_PER_FRAME, SAMPLE_RATE
-from engine.sampling import RequestSampler, SamplingParams, sample_first
-from engine.faults import Injector
-from engine.stage_loop import Heart, device_for, drain, fatal, request_crashed, setup_torch, stall_forever
-from engine.tokenizer import frames_for_text
+from engine.messages import Add, Abort, Ready, Stop
+from engine.model_runner import CapacityError
+from engine.stage_loop import Heart, drain, fatal, setup_torch, stall_forever
+from engine.torch_talker import TorchTalker
 
 
-class Talker:
-    def __init__(self, profile, handoff_q, out_q, faults=()):
-        cfg = profile.config
-        self.faults = Injector(list(faults), 0)
-        self.finished = 0
-        self.stage = profile.stage(0)
-        self.device = device_for(profile, self.stage)
-        self.models = build_models(cfg.model.preset, cfg.model.seed, cfg.model.checkpoint, cfg.model.dtype,
-                                   str(self.device), parts=("talker",))
-        self.max_len = self.stage.max_model_len
-        self.runner = self.make_runner(profile)
-        self.policy = HandoffPolicy(cfg.async_chunk, profile.connector())
-        self.handoff_q, self.out_q = handoff_q, out_q
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
-        self.sent: dict[str, int] = {}
-        self.started: dict[str, float] = {}
-        self.steps = 0
-        self.stepping: list[Sequence] = []   # the requests the current step is working on
-        # Handoff counters: a window begun and not yet done means stage 0 is inside a handoff, so the
-        # watchdog calls a long wait there a handoff stall, not a stalled stage.
-        self.handoffs_begun = self.handoffs_done = 0
-        self.handoff_request: str | None = None
-
-    def make_runner(self, profile):
-        return make_runner(profile.config.model_runner, self.models, self.stage, self.device,
-                           not self.stage.enforce_eager, self.max_len)
-
-    def info(self) -> dict:
-        """What stage 0 reports with its ready message."""
-        pool = getattr(self.runner, "pool", None)
-        return {"backend": "torch", "runner": self.runner.name, "graphs": bool(self.runner.capture_sizes),
-                "captured": sorted(pool.graphs) if pool else []}
-
-    def close(self) -> None:
-        """Nothing to release: the built-in talker lives in this process."""
-
-    @property
-    def synthetic(self) -> bool:
-        """Weights with no sense of length: a request then stops at its text's length."""
-        return self.models.synthetic
-
-    def add(self, req) -> None:
-        target = frames_for_text(req.text) if self.synthetic else None
-        params = SamplingParams.for_request(req, self.stage.default_sampling_params, target)
-        prompt = self.models.talker.prompt_embeds(req)
-        longest = prompt.shape[0] + min(params.max_tokens, target or params.max_tokens) + 1
-        if longest > self.max_len:
-            self.out_q.put(("error", req.request_id, 0,
-                            f"prompt of {prompt.shape[0]} positions plus up to {longest - prompt.shape[0]} frames "
-                            f"exceeds stages.0.max_model_len={self.max_len}"))
-            return
-        self.started[req.request_id] = time.monotonic()
-        self.waiting.append(Sequence(req, RequestSampler(params), prompt))
-
-    @contextmanager
-    def isolated(self, request_id: str):
-        """An exception while handling this one request fails it, with the traceback, and nothing else."""
-        try:
-            yield
-        except CapacityError:
-            raise
-        except Exception:
-            request_crashed(self.out_q, 0, [request_id])
-            self.abort(request_id)
-
-    def fail_step(self) -> None:
-        """A batched step raised: fail the requests it was working on; the stage goes on with the rest."""
-        hit, self.stepping = self.stepping, []
-        request_crashed(self.out_q, 0, [s.request_id for s in hit])
-        for seq in hit:
-            self.runner.release(seq)   # admitted ones may not be in `running` yet
-            self.abort(seq.request_id)
-
-    def abort(self, request_id: str) -> None:
-        for seq in [s for s in self.waiting if s.request_id == request_id]:
-            self.waiting.remove(seq)
-        for seq in [s for s in self.running if s.request_id == request_id]:
-            self.running.remove(seq)
-            self.runner.release(seq)
-        self.sent.pop(request_id, None)
-        self.started.pop(request_id, None)
-        self.handoff_q.put(("abort", request_id))
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.waiting or self.running)
-
-    @torch.no_grad()
-    def step(self) -> None:
-        self.steps += 1
-        self.stepping = list(self.running)
-        rows: list[Sequence] = []
-        hiddens, logits = [], []
-        if self.running:
-            h, lg = self.runner.decode(self.running)
-            rows += self.running
-            hiddens.append(h)
-            logits.append(lg)
-        budget = self.stage.max_num_batched_tokens
-        admitted = []
-        while self.waiting and len(self.running) + len(admitted) < self.stage.max_num_seqs:
-            seq = self.waiting[0]
-            if admitted and seq.prompt.shape[0] > budget:
-                break
-            self.waiting.popleft()
-            self.stepping.append(seq)
-            budget -= seq.prompt.shape[0]
-            self.runner.add(seq)
-            h, lg = self.runner.prefill(seq)
-            admitted.append(seq)
-            hiddens.append(h[None])
-            logits.append(lg[None])
-        rows += admitted
-        self.running += admitted
-        if not rows:
-            return
-        hidden, logit = torch.cat(hiddens), torch.cat(logits)
-        samplers = [s.sampler for s in rows]
-        c0 = sample_first(logit, samplers)
-        stops = set(samplers[0].params.stops)   # every request takes the stage's stop tokens
-        live = [i for i, t in enumerate(c0) if t not in stops]
-        if live:
-            idx = torch.tensor(live, device=self.device)
-            codes = self.runner.residual_codes(hidden[idx], [c0[i] for i in live], [samplers[i] for i in live])
-            embeds = self.runner.frame_embeds(codes)
-            for k, i in enumerate(live):
-                rows[i].frames.append(codes[k])
-                rows[i].next_embed = embeds[k]
-        for i, seq in enumerate(rows):
-            with self.isolated(seq.request_id):
-                finished = c0[i] in stops
-                self._hand_off(seq, finished)
-                if finished:
-                    self._finish(seq)
-        self.stepping = []
-
-    def _hand_off(self, seq: Sequence, finished: bool) -> None:
-        rid = seq.request_id
-        self.faults.raise_at(len(seq.frames), rid)
-        window = self.policy.window(seq.frames, self.sent.get(rid, 0), finished, rid)
-        if window is not None:
-            end = window.start + len(window.codes)
-            if self.faults.drop(end):
-                self.sent[rid] = end
-                return   # injected: counted as handed off, never delivered
-            self.handoff_request = rid
-            self.handoffs_begun += 1
-            delay = self.faults.delay_s()
-            if delay:
-                time.sleep(delay)
-            self.handoff_q.put(window)
-            self.sent[rid] = end   # handed off once delivered: frames still on this side are not stage 1's to wait for
-            self.handoffs_done += 1
-
-    def stats(self) -> dict:
-        """Progress for the heartbeat: per request, frames produced and handed off."""
-        running = [(s.request_id, len(s.frames)) for s in list(self.running)]
-        sent = dict(self.sent)
-        return {"depth": len(self.waiting) + len(running), "steps": self.steps,
-                "handoffs_begun": self.handoffs_begun, "handoffs_done": self.handoffs_done,
-                "handoff_request": self.handoff_request,
-                "requests": {rid: (n, sent.get(rid, 0)) for rid, n in running}}
-
-    def _finish(self, seq: Sequence) -> None:
-        rid = seq.request_id
-        self.running.remove(seq)
-        self.runner.release(seq)
-        p = seq.sampler.params
-        reason = "finished_length" if len(seq.frames) >= p.max_tokens else "finished_stopped"
-        codes = np.stack(seq.frames) if seq.frames else np.zeros((0, CODEBOOKS), dtype=np.int64)
-        elapsed = time.monotonic() - self.started.pop(rid)
-        self.sent.pop(rid, None)
-        self.finished += 1
-        self.out_q.put(("codes", rid, codes, reason, {"stage0_s": elapsed,
-                                                      "audio_s": len(codes) * SAMPLES_PER_FRAME / SAMPLE_RATE}))
-
-
-def make_talker(profile, handoff_q, out_q, faults=()) -> Talker:
+def make_talker(profile, handoff_q, out_q, faults=()) -> TorchTalker:
     """Stage 0 on the backend the profile names."""
     if profile.config.backend == "vllm":
         from engine.vllm_talker import VllmTalker
 
         return VllmTalker(profile, handoff_q, out_q, faults)
-    return Talker(profile, handoff_q, out_q, faults)
+    return TorchTalker(profile, handoff_q, out_q, faults)
 
 
 def run(profile, queues, parent_pid: int, faults=()) -> None:
@@ -216,7 +23,7 @@ def run(profile, queues, parent_pid: int, faults=()) -> None:
     setup_torch()
     try:
         talker = make_talker(profile, handoff_q, out_q, faults)
-        out_q.put(("ready", 0, talker.info()))
+        out_q.put(Ready(0, talker.info()))
         Heart(out_q, 0, profile.config.watchdog.heartbeat_interval_s, talker.stats, parent_pid).start()
         while True:
             if talker.faults.stalled(talker.steps):
@@ -224,16 +31,16 @@ def run(profile, queues, parent_pid: int, faults=()) -> None:
             if talker.faults.should_die(talker.finished, max((len(s.frames) for s in talker.running), default=0)):
                 os._exit(1)
             for msg in drain(in_q, block=not talker.busy, parent_pid=parent_pid):
-                kind = msg[0]
-                if kind == "add":
-                    with talker.isolated(msg[1].request_id):
-                        talker.add(msg[1])
-                elif kind == "abort":
-                    talker.abort(msg[1])
-                elif kind == "stop":
-                    talker.close()
-                    handoff_q.put(("stop",))
-                    return
+                match msg:
+                    case Add(request):
+                        with talker.isolated(request.request_id):
+                            talker.add(request)
+                    case Abort(request_id):
+                        talker.abort(request_id)
+                    case Stop():
+                        talker.close()
+                        handoff_q.put(Stop())
+                        return
             if talker.busy:
                 try:
                     talker.step()

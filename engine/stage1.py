@@ -15,7 +15,8 @@ import torch
 
 from engine.models import build_models
 from engine.presets import SAMPLES_PER_FRAME
-from engine.request import AudioChunk, Frames
+from engine.messages import Abort, Decoded, Frames, Ready, Stop
+from engine.request import AudioChunk
 from engine.faults import Injector
 from engine.stage_loop import Heart, device_for, drain, fatal, request_crashed, setup_torch, stall_forever
 
@@ -81,7 +82,7 @@ class Code2Wav:
             self.finished += 1
             self.codes.pop(rid, None)
             self.chunks.pop(rid, None)
-            self.out_q.put(("stage1_done", rid, time.monotonic() - self.first_seen.pop(rid)))
+            self.out_q.put(Decoded(rid, time.monotonic() - self.first_seen.pop(rid)))
         self.out_q.put(AudioChunk(rid, index, audio, window.final))
         if not window.final:
             self.codes[rid] = codes
@@ -99,20 +100,21 @@ def run(profile, queues, parent_pid: int, faults=()) -> None:
     setup_torch()
     try:
         worker = Code2Wav(profile, out_q, faults)
-        out_q.put(("ready", 1, {}))
+        out_q.put(Ready(1))
         Heart(out_q, 1, profile.config.watchdog.heartbeat_interval_s, worker.stats, parent_pid).start()
         while True:
             for msg in drain(handoff_q, block=True, parent_pid=parent_pid):
                 if worker.faults.stalled(worker.windows):
                     stall_forever()
-                if isinstance(msg, Frames):
-                    worker.decode(msg)
-                    if worker.faults.should_die(worker.finished, worker.frames):
-                        os._exit(1)
-                elif msg[0] == "abort":
-                    worker.abort(msg[1])
-                elif msg[0] == "stop":
-                    return
+                match msg:
+                    case Frames():
+                        worker.decode(msg)
+                        if worker.faults.should_die(worker.finished, worker.frames):
+                            os._exit(1)
+                    case Abort(request_id):
+                        worker.abort(request_id)
+                    case Stop():
+                        return
     except SystemExit:
         raise
     except BaseException:

@@ -11,6 +11,8 @@ import traceback
 
 import torch
 
+from engine.messages import Beat, Fatal, StageError
+
 
 def device_for(profile, stage_cfg) -> torch.device:
     if profile.platform == "cuda":
@@ -63,7 +65,7 @@ class Heart(threading.Thread):
                 os.killpg(os.getpgrp(), signal.SIGKILL)
                 os._exit(0)
             try:
-                self.out_q.put(("beat", self.stage_id, self.stats()))
+                self.out_q.put(Beat(self.stage_id, self.stats()))
             except Exception:   # a queue torn down at exit, or a stats read racing the loop
                 pass
             time.sleep(self.interval)
@@ -82,7 +84,7 @@ def _summary() -> str:
 
 def fatal(out_q, stage_id: int, summary: str | None = None) -> None:
     """Report the exception being handled: its traceback, and a one-line summary for error messages."""
-    out_q.put(("fatal", stage_id, traceback.format_exc(), summary or _summary()))
+    out_q.put(Fatal(stage_id, summary or _summary(), traceback.format_exc()))
 
 
 def request_crashed(out_q, stage_id: int, request_ids) -> None:
@@ -92,4 +94,4 @@ def request_crashed(out_q, stage_id: int, request_ids) -> None:
     """
     tb, summary = traceback.format_exc(), _summary()
     for rid in request_ids:
-        out_q.put(("crash", rid, stage_id, summary, tb))
+        out_q.put(StageError(rid, stage_id, summary, tb))

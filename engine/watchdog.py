@@ -25,8 +25,11 @@ import collections
 import threading
 import time
 
-# Every diagnosis made in this process, newest last: the pytest plugin reads it for reports.
-DIAGNOSES: collections.deque = collections.deque(maxlen=1000)
+from engine.diagnosis import Diagnosis
+
+# Every diagnosis made in this process, newest last, with when: the pytest plugin finds a test's stall
+# here when the test swallowed the exception that carried it.
+DIAGNOSES: "collections.deque[tuple[float, Diagnosis]]" = collections.deque(maxlen=1000)
 
 
 class Watchdog(threading.Thread):
@@ -36,7 +39,7 @@ class Watchdog(threading.Thread):
         self.cfg = engine.profile.config.watchdog
         self.names = {sid: engine.profile.stage_name(sid) for sid in (0, 1)}
         self.counters: dict[int, tuple[object, float]] = {}   # stage -> (progress counter, when it last moved)
-        self.verdict: dict | None = None   # why the engine cannot serve any more, once it cannot
+        self.verdict: Diagnosis | None = None   # why the engine cannot serve any more, once it cannot
 
     def run(self) -> None:
         while not self.engine.closed:
@@ -57,8 +60,10 @@ class Watchdog(threading.Thread):
     def condemn(self, kind: str, stage: int, message: str, seconds: float = 0.0, **extra) -> None:
         """Record why this engine cannot serve any more; the first reason is kept."""
         if self.verdict is None:
-            self.verdict = {"kind": kind, "stage": stage, "stage_name": self.names[stage],
-                            "seconds": round(seconds, 2), "message": f"{kind}: {message}", **extra}
+            prof = self.engine.profile
+            self.verdict = Diagnosis(kind=kind, message=f"{kind}: {message}", stage=stage,
+                                     stage_name=self.names[stage], seconds_since_progress=round(seconds, 2),
+                                     profile=prof.name, cell=prof.cell, **extra)
 
     def check(self, now: float) -> None:
         eng = self.engine
@@ -127,20 +132,15 @@ class Watchdog(threading.Thread):
 
     def fail(self, kind: str, stage: int, affected: list, seconds: float, message: str, group=None, **extra) -> None:
         eng, prof = self.engine, self.engine.profile
-        ids = [t.request.request_id for t in (group or affected)]
+        ids = tuple(t.request.request_id for t in (group or affected))
         for t in affected:
-            diagnosis = {
-                "kind": kind, "stage": stage, "stage_name": self.names[stage],
-                "request_id": t.request.request_id, "request_ids": ids,
-                "frames_produced": t.produced, "frames_handed_off": t.handed_off, "frames_consumed": t.consumed,
-                "seconds_since_progress": round(seconds, 2),
-                "seconds_since_submit": round(time.monotonic() - t.submitted, 2),
-                "runner": prof.config.model_runner, "cuda_graph": "off" if prof.stage(0).enforce_eager else "on",
-                "handoff": "async_chunk" if prof.config.async_chunk else "full_payload",
-                "cell": prof.cell, "profile": prof.name, **extra,
-            }
-            diagnosis["message"] = (f"{kind}: {message} (request {t.request.request_id}: produced {t.produced}, "
-                                    f"handed off {t.handed_off}, consumed {t.consumed}; cell {prof.cell}, "
-                                    f"profile {prof.name})")
+            rid = t.request.request_id
+            diagnosis = Diagnosis(
+                kind=kind, stage=stage, stage_name=self.names[stage], request_id=rid, request_ids=ids,
+                frames_produced=t.produced, frames_handed_off=t.handed_off, frames_consumed=t.consumed,
+                seconds_since_progress=round(seconds, 2), seconds_since_submit=round(time.monotonic() - t.submitted, 2),
+                cell=prof.cell, profile=prof.name, **extra,
+                message=(f"{kind}: {message} (request {rid}: produced {t.produced}, handed off {t.handed_off}, "
+                         f"consumed {t.consumed}; cell {prof.cell}, profile {prof.name})"))
             DIAGNOSES.append((time.time(), diagnosis))
-            eng.fail_request(t.request.request_id, diagnosis)
+            eng.fail_request(rid, diagnosis)

@@ -8,6 +8,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from safetensors import safe_open
 
+from engine.errors import UserError
 from engine.models.code2wav import CodecDecoder
 from engine.models.talker import CodePredictor, Talker
 from engine.presets import PRESETS, Preset
@@ -24,7 +25,7 @@ class Models:
     synthetic: bool   # seeded weights: the output length comes from the text
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     pass
 
 

@@ -2,17 +2,20 @@
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import uuid
 import zipfile
 from pathlib import Path
+from xml.sax.saxutils import quoteattr
 
 import pytest
 from ruamel.yaml import YAML
 
 from ci import lanes, pipelines
+from engine.diagnosis import Diagnosis
 from ci.cli import main
 from tests.ci.conftest import TOKEN, Reply, one_lane_file
 
@@ -294,7 +297,7 @@ def test_dry_run_is_the_ci_command(capsys):
     assert main(["run", "TTS · Qwen3-TTS Base Test", "--dry-run", "--artifacts", "out"]) == 0
     out = capsys.readouterr().out
     assert "-m pytest tests/e2e/offline tests/e2e/online -m merge_only -k 'voice_clone or test_base'" in out
-    assert "--timeout 300 --lane-budget 1800 --junitxml out/junit.xml --report-dir out" in out
+    assert "--timeout 300 --session-timeout 1800 --junitxml out/junit.xml --report-dir out" in out
     assert "--profile qwen3_tts" in out
 
 
@@ -329,9 +332,11 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?>
   <error message="error">setup failed</error></testcase>
 <testcase classname="tests.config.test_profiles" name="test_pins_cover_every_platform" time="0.1"/>
 <testcase classname="tests.e2e.offline.test_custom_voice" name="test_text_to_audio[v2-no_cuda_graph-full_payload]" time="7.1">
-  <failure message="StageHandoffStall: stage 1 (code2wav) waited 5.0s">tb</failure></testcase>
+  <failure message="StageHandoffStall: stage 1 (code2wav) waited 5.0s">tb</failure>
+  <properties><property name="lanekeeper_diagnosis" value=DIAGNOSIS/></properties></testcase>
 </testsuite></testsuites>
-"""
+""".replace("DIAGNOSIS", quoteattr(Diagnosis(kind="StageHandoffStall", stage=1, stage_name="code2wav",
+                                              message="StageHandoffStall: stage 1 (code2wav) waited 5.0s").model_dump_json()))
 VLLM_SUITE = """<testsuite name="vllm" tests="2">
 <testcase classname="tests.e2e.offline.test_custom_voice" name="test_text_to_audio[vllm-v1-cuda_graph-async_chunk]" time="3.0"/>
 <testcase classname="tests.e2e.offline.test_custom_voice" name="test_text_to_audio[vllm-v2-cuda_graph-async_chunk]" time="0.0">
@@ -341,8 +346,8 @@ VLLM_SUITE = """<testsuite name="vllm" tests="2">
 
 def test_repro_runs_exactly_the_failed_ids(tmp_path):
     src = tmp_path / "ci-junit.xml"
-    src.write_text(JUNIT.replace('<testcase classname="tests.e2e.offline.test_custom_voice"', '<x')
-                   .replace('<failure message="StageHandoffStall: stage 1 (code2wav) waited 5.0s">tb</failure></testcase>', '</x>'))
+    src.write_text(re.sub(r'<testcase classname="tests.e2e.offline.test_custom_voice".*?</testcase>', "", JUNIT,
+                          flags=re.S))
     run = _cli("repro", "--junit", str(src), "--artifacts", str(tmp_path / "out"))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "reproducing 2 failed test(s) with lane config's settings" in run.stdout
@@ -377,16 +382,21 @@ def test_report(tmp_path):
 
 
 def test_diagnosis_in_words_not_a_dict_repr():
-    from ci.junit import Case, summarize
+    """However the failure text shows the API's error body, the summary says the diagnosis's message."""
+    from ci.report import Case, summarize
 
-    message = ("openai.InternalServerError: Error code: 500 - {'error': {'kind': 'StageHandoffStall', 'message': "
-               "'StageHandoffStall: stage 1 (code2wav) waited 5.1s for frames (request r1; cell v1-cuda_graph-"
-               "async_chunk)', 'stage': 1}}")
+    diagnosis = Diagnosis(kind="StageHandoffStall", stage=1, request_id="r1", cell="v1-cuda_graph-async_chunk",
+                          message="StageHandoffStall: stage 1 (code2wav) waited 5.1s for frames (request r1; "
+                                  "cell v1-cuda_graph-async_chunk)")
+    message = f"openai.InternalServerError: Error code: 500 - {{'error': {{'diagnosis': {diagnosis.public()!r}}}}}"
     case = Case("tests.e2e.online.test_online_matrix", "test_text_to_audio[v1-cuda_graph-async_chunk]", "failed",
-                message, "")
+                message, "", diagnosis)
     (failure,) = summarize([case])["failures"]
-    assert failure["status"] == "stalled" and failure["why"].startswith("StageHandoffStall: stage 1 (code2wav)")
-    assert "{" not in failure["why"] and "'kind'" not in failure["why"]
+    assert failure["status"] == "stalled" and failure["why"] == diagnosis.message
+    assert Diagnosis.model_validate(failure["diagnosis"]) == diagnosis
+    # without the diagnosis the same text is a plain failure: nothing is read out of it
+    (plain,) = summarize([Case(case.classname, case.name, "failed", message)])["failures"]
+    assert plain["status"] == "failed" and "diagnosis" not in plain
 
 
 def test_annotation_style_follows_the_result(tmp_path):

@@ -115,7 +115,6 @@ def history(tmp_path, *builds, lanes=("tts-base",)):
         runs = [a if isinstance(a, dict) else {"state": a, "exit_status": 0 if a == "passed" else 1}
                 for a in attempts]
         out.append({"number": n, "commit": sha, "branch": "main", "url": f"https://ci.example/builds/{n}",
-                    "finished_at": f"2026-12-01T0{n}:00:00Z",
                     "lanes": {lane: runs if len(runs) > 1 else runs[0] for lane in lanes}})
     path = tmp_path / "history.json"
     path.write_text(json.dumps({"builds": out}))
@@ -400,7 +399,7 @@ def test_bad_input_exits_2_and_changes_nothing(problem, tmp_path, capsys, monkey
         code = main(["rollback", "--lane", lane, "--history", str(hist), "--repo", repo_arg, "--apply", *extra])
     err = capsys.readouterr().err
     assert code == 2
-    message = {"malformed_history": "history.json:1:", "bad_state": "builds[0].lanes['tts-base'].state",
+    message = {"malformed_history": "history.json:1:", "bad_state": "builds[0].lanes['tts-base'][0].state",
                "unknown_lane": "unknown lane", "missing_repo": "repository not found",
                "dirty": "uncommitted changes", "min_red": "--min-red: must be at least 1",
                "open_pr_without_repo": "--open-pr needs --github OWNER/REPO"}[problem]

@@ -13,7 +13,7 @@ from ruamel.yaml import YAML
 from ci import ci_api, history, junit, lanes, pipelines
 from ci.history import Build, LaneResult
 from ci.matrix import cell_in, cells
-from ci.pytest_plugin import split
+from ci.pytest_plugin.shards import split
 from tests.ci.conftest import TOKEN
 
 MATRIX = """
@@ -116,7 +116,7 @@ def test_budget_hit_in_a_worker_makes_the_run_red(pytester):
         def test_slow(i):
             time.sleep(1)
     """)
-    result = pytester.runpytest_subprocess("-p", "ci.pytest_plugin", "-n", "2", "--lane-budget", "2.5",
+    result = pytester.runpytest_subprocess("-p", "ci.pytest_plugin", "-n", "2", "--session-timeout", "2.5",
                                            "--report-dir", "reports")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     assert re.search(r"Lane budget of \d+s exhausted", (pytester.path / "reports" / "matrix-summary.md").read_text())
@@ -271,10 +271,10 @@ def _build(*results, name="TTS · Wide"):
     # ...and a red shard still makes the lane red
     ([LaneResult("failed", 1, shard=1), LaneResult("failed", -1, signal_reason="agent_lost", shard=2)], "red", False),
     # a lost shard retried green: green
-    ([LaneResult("failed", -1, signal_reason="agent_lost", retried=True, shard=2), LaneResult("passed", shard=1),
+    ([LaneResult("failed", -1, signal_reason="agent_lost", shard=2), LaneResult("passed", shard=1),
       LaneResult("passed", shard=2)], "green", False),
     # one shard failed then passed on a retry: flaky, whatever the other shard did
-    ([LaneResult("failed", 1, retried=True, shard=1), LaneResult("passed", shard=1), LaneResult("failed", 1, shard=2)],
+    ([LaneResult("failed", 1, shard=1), LaneResult("passed", shard=1), LaneResult("failed", 1, shard=2)],
      "red", True),
     # a pass in one shard and a fail in another is not flaky
     ([LaneResult("failed", 1, shard=1), LaneResult("passed", shard=2)], "red", False),
@@ -314,5 +314,5 @@ def test_history_file_shard_field(tmp_path):
     assert [r.shard for r in build.lanes["wide"]] == [1, 2]
     path.write_text(json.dumps({"builds": [{"number": 1, "commit": "a", "branch": "main",
                                             "lanes": {"wide": {"state": "passed", "shard": 0}}}]}))
-    with pytest.raises(history.HistoryError, match=r"shard: expected a shard number from 1"):
+    with pytest.raises(history.HistoryError, match=r"shard: Input should be greater than or equal to 1"):
         history.load_file(path)

@@ -59,10 +59,11 @@ def test_faulted_matrix_is_red_fast_and_names_every_cell(mode, workers, tmp_path
     for cell in cells():
         assert cell.id in summary.split("Stalled cells:")[1], cell.id
         inc = by_cell[cell.id]
-        assert inc["kind"] == "StageHandoffStall" and inc["stage"] == 1, inc
+        d = inc["diagnosis"]
+        assert d["kind"] == "StageHandoffStall" and d["stage"] == 1, inc
         assert inc["seconds"] < 10, inc
-        assert inc["request_id"] and inc["request_id"] in inc["message"]
-        assert (inc["runner"], inc["cuda_graph"], inc["handoff"]) == (cell.runner, cell.cuda_graph, cell.handoff)
+        assert d["request_id"] and d["request_id"] in d["message"]
+        assert d["cell"] == cell.id
         assert inc["stacks"], "no stacks were dumped"
         assert any(k.startswith("stage 1 (code2wav), pid") for k in inc["stacks"]), list(inc["stacks"])
     assert "Stalled cells:" in run.stdout
@@ -105,7 +106,7 @@ def test_blocked_test_is_ended_by_timeout_with_stacks(pytester, tmp_path):
     assert outcomes.get("failed") == 1 and outcomes.get("passed", 0) + outcomes.get("errors", 0) >= 1
     result.stdout.fnmatch_lines(["*Timeout (>4.0s) from pytest-timeout*"])
     (incident,) = json.loads((tmp_path / "stall-report.json").read_text())
-    assert incident["kind"] == "Timeout" and incident["test"].endswith("test_blocks_forever")
+    assert incident["diagnosis"]["kind"] == "Timeout" and incident["test"].endswith("test_blocks_forever")
     stacks = "\n".join(incident["stacks"].values())
     assert "stage_loop.py" in stacks and "most recent call first" in stacks
     assert "testcase" in (tmp_path / "junit.xml").read_text()
@@ -121,8 +122,56 @@ def test_lane_budget_stops_the_run(pytester):
         def test_slow(i):
             time.sleep(1.0)
     """)
-    result = pytester.runpytest_subprocess("-p", "ci.pytest_plugin", "--lane-budget", "2.5")
+    result = pytester.runpytest_subprocess("-p", "ci.pytest_plugin", "--session-timeout", "2.5")
     assert result.ret == 1
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed", 0) < 5
-    result.stdout.fnmatch_lines(["*lane budget of 2s exhausted*"])
+    result.stdout.fnmatch_lines(["*Lane budget of 2s exhausted*", "*session-timeout: 2.5 sec exceeded*"])
+
+
+def test_one_diagnosis_everywhere(pytester, tmp_path):
+    """One injected stall's diagnosis, followed from the API error body the client got through the JUnit
+    record, the stall report and `lanekeeper report`: the same fields, read back through one model."""
+    pytester.makepyfile(test_api_stall=f"""
+        import json
+        import pytest
+        from openai import OpenAI
+        from ci.remote_server import RemoteServer
+
+        def test_stalls():
+            args = ["--platform", "cpu", "--set", "watchdog.handoff_deadline_s=2"]
+            with RemoteServer(args, env={{"LANEKEEPER_FAULTS": "drop_handoff:after_frames=2"}}) as srv:
+                client = OpenAI(base_url=srv.url + "/v1", api_key="EMPTY", max_retries=0, timeout=120)
+                try:
+                    client.audio.speech.create(model="qwen3-tts", voice="vivian", input="Hello there.")
+                except Exception as e:
+                    with open({str(tmp_path / "api.json")!r}, "w") as f:
+                        json.dump(e.body, f)
+                    raise
+    """)
+    result = pytester.runpytest_subprocess("-p", "ci.pytest_plugin", "--report-dir", str(tmp_path),
+                                           "--junitxml", str(tmp_path / "junit.xml"))
+    assert result.ret == 1, result.stdout.str()[-3000:]
+    from ci.junit import parse
+    from engine.diagnosis import Diagnosis
+
+    api = json.loads((tmp_path / "api.json").read_text())
+    assert api["code"] == "StageHandoffStall" and "StageHandoffStall: stage 1" in api["message"]
+    seen = {"API error body": Diagnosis.model_validate(api["diagnosis"])}
+    (case,) = parse(tmp_path / "junit.xml")
+    seen["JUnit"] = case.diagnosis
+    (incident,) = json.loads((tmp_path / "stall-report.json").read_text())
+    seen["stall report"] = Diagnosis.model_validate(incident["diagnosis"]).model_copy(update={"traceback": None})
+    report = subprocess.run([sys.executable, "-m", "ci.cli", "report", "--junit", str(tmp_path / "junit.xml"),
+                             "--format", "json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    (failure,) = json.loads(report.stdout)["failures"]
+    seen["lanekeeper report"] = Diagnosis.model_validate(failure["diagnosis"])
+    first = seen["API error body"]
+    assert first.kind == "StageHandoffStall" and first.stage == 1 and first.stage_name == "code2wav"
+    assert first.request_id and first.cell and first.frames_handed_off > first.frames_consumed
+    for where, diagnosis in seen.items():
+        assert diagnosis == first, where
+    # ...and people read it in words, not as a dict
+    assert failure["status"] == "stalled" and failure["why"] == first.message
+    md = (tmp_path / "stall-report.md").read_text()
+    assert first.message in md and "{" not in md.split("<details>")[0]

@@ -61,7 +61,7 @@ def test_dead_stage_fails_requests_instead_of_hanging(profile):
         os.kill(engine.pids()[1], signal.SIGKILL)
         (result,) = engine.generate([SpeechRequest("Nobody decodes this.")], timeout=30)
         assert result.status == "finished_error"
-        assert result.error["kind"] == "StageDied" and result.error["stage"] == 1
+        assert result.error.kind == "StageDied" and result.error.stage == 1
 
 
 def test_orphaned_stages_exit(tmp_path):

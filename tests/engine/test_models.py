@@ -114,17 +114,18 @@ def test_handoff_windows():
                                        ["model_runner=v1"]])
 def test_runners_agree_in_process(overrides):
     from tests.e2e.offline.conftest import _Inbox
-    from engine.stage0 import Talker
+    from engine.messages import Codes
+    from engine.torch_talker import TorchTalker
 
     profile = resolve("qwen3_tts", platform="cpu", overrides=overrides + ["stages.0.max_num_seqs=3"])
     out = _Inbox()
-    talker = Talker(profile, _Inbox(), out)
+    talker = TorchTalker(profile, _Inbox(), out)
     reqs = [SpeechRequest("runner check " * k, temperature=0.0, seed=k) for k in (1, 2, 3, 4)]
     for r in reqs:
         talker.add(r)
     while talker.busy:
         talker.step()
-    codes = {m[1]: m[2] for m in out if m[0] == "codes"}
+    codes = {m.request_id: m.codes for m in out if isinstance(m, Codes)}
     for r in reqs:
         np.testing.assert_array_equal(codes[r.request_id], reference_run(r)[0])
 

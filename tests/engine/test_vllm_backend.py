@@ -81,7 +81,7 @@ def test_dropped_handoff_on_vllm_is_handoff_stall_and_no_vllm_process_remains():
         assert {os.getpgid(p) for p in pids} == {pids[0]}   # vLLM's processes are in the engine's group
         # A prompt vLLM would have to split is refused up front: on CPU the split kills vLLM's engine core.
         (long_,) = engine.generate([SpeechRequest("la " * 200)], timeout=60)
-        assert long_.status == "finished_error" and "max_num_batched_tokens=512" in long_.error["message"]
+        assert long_.status == "finished_error" and "max_num_batched_tokens=512" in long_.error.message
         t0 = time.monotonic()
         (result,) = engine.generate([SpeechRequest("Frames from vLLM that stage one never receives.")],
                                     timeout=60)
@@ -89,9 +89,9 @@ def test_dropped_handoff_on_vllm_is_handoff_stall_and_no_vllm_process_remains():
     assert elapsed < 10
     with pytest.raises(StageHandoffStall) as err:
         result.raise_for_status()
-    e = err.value.error
-    assert e["stage"] == 1 and e["cell"] == "vllm-v1-no_cuda_graph-async_chunk"
-    assert e["frames_handed_off"] > e["frames_consumed"]
+    e = err.value.diagnosis
+    assert e.stage == 1 and e.cell == "vllm-v1-no_cuda_graph-async_chunk"
+    assert e.frames_handed_off > e.frames_consumed
     assert _gone(pids), [p for p in pids if psutil.pid_exists(p)]
 
 

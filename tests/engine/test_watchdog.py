@@ -27,8 +27,9 @@ def test_kill_stage_1_mid_request_is_stage_died():
     assert elapsed < 5
     with pytest.raises(StageDied) as err:
         result.raise_for_status()
-    assert err.value.error["stage"] == 1 and err.value.error["request_id"] == result.request_id
-    assert err.value.error["stage_name"] == "vocoder" and "stage 1 (vocoder)" in err.value.error["message"]
+    d = err.value.diagnosis
+    assert d.stage == 1 and d.request_id == result.request_id
+    assert d.stage_name == "vocoder" and "stage 1 (vocoder)" in d.message
     assert _gone(pids)
 
 
@@ -39,8 +40,8 @@ def test_stall_stage_0_is_stage_stall():
             list(engine.stream(SpeechRequest("Stage zero stops stepping.")))
         assert time.monotonic() - t0 < 8
         pids = engine.pids()
-    e = err.value.error
-    assert e["stage"] == 0 and e["frames_produced"] >= 3 and e["runner"] == "v2" and e["cell"] == "v2-cuda_graph-async_chunk"
+    e = err.value.diagnosis
+    assert e.stage == 0 and e.frames_produced >= 3 and e.cell == "v2-cuda_graph-async_chunk"
     assert _gone(pids)
 
 
@@ -52,9 +53,9 @@ def test_only_affected_requests_fail():
     assert short.ok
     with pytest.raises(StageHandoffStall) as err:
         long_.raise_for_status()
-    e = err.value.error
-    assert e["stage"] == 1 and e["request_ids"] == [long_.request_id]
-    assert e["frames_handed_off"] > e["frames_consumed"] and e["seconds_since_progress"] >= 5
+    e = err.value.diagnosis
+    assert e.stage == 1 and e.request_ids == (long_.request_id,)
+    assert e.frames_handed_off > e.frames_consumed and e.seconds_since_progress >= 5
 
 
 def test_delay_is_not_a_stall():

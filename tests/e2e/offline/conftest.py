@@ -7,6 +7,7 @@ import torch
 from ci.matrix import TEST_WATCHDOG
 from engine.config import resolve
 from engine.engine import TTSEngine
+from engine.messages import Codes
 from engine.models import build_models
 from engine.stage0 import make_talker
 from tests.e2e.conftest import make_request
@@ -63,7 +64,7 @@ def reference_runs(requests, backend="torch", profile_name="qwen3_tts"):
             talker.add(request)
             while talker.busy:
                 talker.step()
-            (_, _, codes, _, _), = [m for m in out if m[0] == "codes" and m[1] == request.request_id]
+            (codes,) = [m.codes for m in out if isinstance(m, Codes) and m.request_id == request.request_id]
             runs.append((codes, codec(torch.as_tensor(codes)[None])[0].numpy()))
         return runs
     finally:

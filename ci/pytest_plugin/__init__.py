@@ -1,0 +1,27 @@
+"""lanekeeper's pytest plugin, one idea per module.
+
+    run        what the plugin learns during one run (RunState), its options, SIGTERM as ^C
+    parametrize  the runner x graph x handoff cells a test that takes `cell` runs in
+    shards     --shard K/N, and a matrix cell as one unit of work under pytest-xdist
+    timeouts   a hard timeout for every test, and the lane budget (pytest-timeout's --session-timeout)
+    stalls     on a watchdog diagnosis or a timeout: stacks, engines killed, the stall report
+    leaks      an engine process that outlives its test fails the test
+    books      results kept where the run is reported; the matrix summary; a run that only skipped is red
+
+Options
+  --platform / --runner / --cuda-graph / --handoff   narrow the runner x graph x handoff matrix
+  --profile NAME|PATH    the deploy profile every engine and server of the run resolves (a lane's
+                         `profile:`); matrix cells override only their own axes on top of it
+  --backend torch|vllm   the stage-0 backend the matrix runs on; cells a backend cannot run here
+                         are skipped with the backend's own reason
+  --report-dir DIR       where stall-report.{json,md} and matrix-summary.md go
+  --shard K/N            run only the K-th of N shards: whole matrix cells, other tests one by one,
+                         balanced by test count, the same split whatever the collection order
+  --session-timeout S    (pytest-timeout's) the lane budget: no test starts after it, and none runs past it
+
+Under pytest-xdist (-n N) workers run the tests and the controller keeps the books: results,
+stall incidents (carried on the reports) and a worker's exhausted budget reach it, so the
+summary, stall report and exit status are those of a serial run.
+"""
+pytest_plugins = [f"ci.pytest_plugin.{name}"
+                  for name in ("run", "parametrize", "shards", "timeouts", "stalls", "leaks", "books")]

@@ -1,0 +1,70 @@
+"""The matrix cells a test runs in: a test that takes `cell` runs once per selected cell, one that takes
+`shipped` once, on the run's profile as shipped.  Both are session-scoped, so one engine or server
+serves all of a cell's tests."""
+from __future__ import annotations
+
+import pytest
+
+from ci.matrix import CUDA_GRAPH, HANDOFFS, RUNNERS, TEST_WATCHDOG, cells
+from ci.pytest_plugin.run import RUN
+
+
+def selected_cells(config):
+    return cells(config.getoption("runner") or RUNNERS, config.getoption("cuda_graph") or CUDA_GRAPH,
+                 config.getoption("handoff") or HANDOFFS, config.getoption("backend"))
+
+
+def unsupported_cells(config, chosen) -> dict[str, str]:
+    """Cells the backend cannot run on this platform, with the backend's own reason (asked once a run)."""
+    if config.getoption("backend") != "vllm":
+        return {}
+    state = config.stash[RUN]
+    if state.unsupported is None:
+        from engine.config import detect_platform, resolve
+        from engine.vllm_talker import unsupported
+
+        platform = config.getoption("platform") or detect_platform()
+        state.unsupported = {}
+        for cell in chosen:
+            reason = unsupported(resolve(config.getoption("profile"), platform=platform, overrides=cell.overrides))
+            if reason:
+                state.unsupported[cell.id] = reason
+    return state.unsupported
+
+
+def shipped_profile(config):
+    """The run's profile as shipped: only the test watchdog and the run's stage-0 backend set on it."""
+    from engine.config import detect_platform, resolve
+
+    backend = config.getoption("backend")
+    return resolve(config.getoption("profile"), platform=config.getoption("platform") or detect_platform(),
+                   overrides=TEST_WATCHDOG + ([f"backend={backend}"] if backend != "torch" else []))
+
+
+def pytest_generate_tests(metafunc):
+    if "shipped" in metafunc.fixturenames:
+        state = metafunc.config.stash[RUN]
+        if state.shipped is None:   # resolved (and asked of vLLM) once a run
+            profile, marks = shipped_profile(metafunc.config), []
+            if profile.config.backend == "vllm":
+                from engine.vllm_talker import unsupported
+
+                reason = unsupported(profile)
+                marks = [pytest.mark.skip(reason=reason)] if reason else []
+            # The id carries the cell the profile's own defaults make, so the matrix summary and repro see it.
+            state.shipped = pytest.param(profile, id=f"{profile.name}-{profile.cell}", marks=marks)
+        metafunc.parametrize("shipped", [state.shipped], scope="session")
+    if "cell" in metafunc.fixturenames:
+        chosen = selected_cells(metafunc.config)
+        skips = unsupported_cells(metafunc.config, chosen)
+        params = [pytest.param(c, id=c.id, marks=[pytest.mark.skip(reason=skips[c.id])] if c.id in skips else [])
+                  for c in chosen]
+        metafunc.parametrize("cell", params, scope="session")
+
+
+def cell_of(item) -> str | None:
+    """The matrix cell a test runs in: its `cell`, or the cell its profile as shipped makes."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "shipped" in params:
+        return params["shipped"].cell
+    return getattr(params.get("cell"), "id", None)
