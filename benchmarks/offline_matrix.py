@@ -15,7 +15,8 @@ import json
 import time
 
 from ci.matrix import CUDA_GRAPH, HANDOFFS, RUNNERS, cells
-from engine.config import BACKENDS, resolve
+from engine.config import resolve
+from engine.profile_schema import BACKENDS
 from engine.engine import TTSEngine
 from engine.request import SpeechRequest
 from engine.vllm_talker import unsupported

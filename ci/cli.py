@@ -12,8 +12,9 @@ import os
 import sys
 
 from ci.argtypes import port, seconds, whole_number
-from engine.config import BACKENDS, PLATFORMS, check_file, dump_yaml, resolve
+from engine.config import check_file, dump_yaml, resolve
 from engine.errors import EngineError, UserError
+from engine.profile_schema import BACKENDS, PLATFORMS
 
 
 class _Backend(argparse.Action):
@@ -159,9 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the window --max-restarts counts over (default: %(default)s)")
     serve.set_defaults(func=cmd_serve)
 
-    from ci import lane_commands
+    from ci import lane_commands, rollback_commands
 
     lane_commands.add_parsers(sub)
+    rollback_commands.add_parsers(sub)
     return parser
 
 

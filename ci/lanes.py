@@ -10,9 +10,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from engine.config import Backend, find_profile
+from engine.config import find_profile
 from engine.errors import UserError
-from engine.profile_doc import ProfileDoc, ProfileError, format_error, plain
+from engine.profile_doc import ProfileDoc, plain
+from engine.profile_errors import ProfileError, format_error
+from engine.profile_schema import Backend
 
 LANES_FILE = Path(__file__).resolve().parent / "lanes.yaml"
 ROOT = LANES_FILE.parent.parent

@@ -10,7 +10,8 @@ import itertools
 import re
 from dataclasses import dataclass
 
-from engine.config import BACKENDS, cell_id
+from engine.config import cell_id
+from engine.profile_schema import BACKENDS
 
 RUNNERS = ("v1", "v2")
 CUDA_GRAPH = ("on", "off")

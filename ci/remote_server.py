@@ -17,9 +17,7 @@ import urllib.error
 import urllib.request
 import weakref
 
-import psutil
-
-from engine.procs import kill_tree
+from engine.procs import kill_tree, tree_pids
 
 
 def free_port() -> int:
@@ -80,11 +78,7 @@ class RemoteServer:
             return None
 
     def pids(self) -> list[int]:
-        try:
-            root = psutil.Process(self.proc.pid)
-            return [root.pid] + [c.pid for c in root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
+        return tree_pids([self.proc.pid])
 
     def terminate(self, timeout: float = 30.0) -> int | None:
         """SIGTERM and wait: the graceful path a deployment takes."""

@@ -18,7 +18,6 @@ import weakref
 from typing import Iterable, Iterator
 
 import numpy as np
-import psutil
 
 from engine.config import ResolvedProfile
 from engine.diagnosis import Diagnosis
@@ -26,20 +25,12 @@ from engine.errors import EngineError, failure
 from engine.faults import from_env as faults_from_env, parse as parse_faults
 from engine.messages import Abort, Add, Beat, Codes, Decoded, Fatal, Ready, StageError, Stop
 from engine.presets import CODEBOOKS, SAMPLE_RATE, SAMPLES_PER_FRAME
-from engine.procs import kill_tree, stage_main
+from engine.procs import ClosedQueue, close_queues, kill_tree, stage_main, tree_pids
 from engine.request import AudioChunk, RequestError, SpeechRequest, SpeechResult
 from engine.tracked import Tracked
 from engine.watchdog import Watchdog
 
 _LIVE: "weakref.WeakSet[TTSEngine]" = weakref.WeakSet()
-
-
-class _ClosedQueue:
-    def put(self, item):
-        raise EngineError("engine is closed")
-
-    def get(self, *a, **kw):
-        raise EngineError("engine is closed")
 
 
 def live_engine_pids() -> set[int]:
@@ -54,24 +45,18 @@ class TTSEngine:
         self.info: dict[int, dict] = {}
         self.beats: dict[int, tuple[float, dict]] = {}
         self.fatal: Fatal | None = None   # a stage's loop raised
-        faults = parse_faults(profile.config.faults, "profile faults") + faults_from_env()
-        self.faults = faults
+        self.faults = parse_faults(profile.config.faults, "profile faults") + faults_from_env()
         ctx = mp.get_context("spawn")
         self.in_q, self.handoff_q, self.out_q = ctx.Queue(), ctx.Queue(), ctx.Queue()
-        queues = (self.in_q, self.handoff_q, self.out_q)
         self._tracked: dict[str, Tracked] = {}
         self._lock = threading.Lock()
         self.procs: list[mp.Process] = []
-        self.pgid: int | None = None
-        me = os.getpid()
-        p0 = ctx.Process(target=stage_main, args=(0, None, profile, queues, me, faults), name="lanekeeper-stage0-talker")
-        p0.start()
-        self.procs.append(p0)
-        self.pgid = p0.pid
-        p1 = ctx.Process(target=stage_main, args=(1, p0.pid, profile, queues, me, faults), name="lanekeeper-stage1-code2wav")
-        p1.start()
-        self.procs.append(p1)
-        self._finalizer = weakref.finalize(self, kill_tree, [p.pid for p in self.procs], self.pgid)
+        for stage, role in enumerate(("talker", "code2wav")):   # stage 0 leads the group, stage 1 joins it
+            leader = self.procs[0].pid if self.procs else None
+            self.procs.append(ctx.Process(target=stage_main, name=f"lanekeeper-stage{stage}-{role}", args=(
+                stage, leader, profile, (self.in_q, self.handoff_q, self.out_q), os.getpid(), self.faults)))
+            self.procs[-1].start()
+        self._finalizer = weakref.finalize(self, kill_tree, [p.pid for p in self.procs], self.procs[0].pid)
         _LIVE.add(self)
         try:
             self._wait_ready(start_timeout)
@@ -135,18 +120,7 @@ class TTSEngine:
 
     def pids(self) -> list[int]:
         """The stage processes and what they started (vLLM's engine core and workers, say)."""
-        if self.closed:
-            return []
-        out = []
-        for proc in self.procs:
-            if proc.pid is None:
-                continue
-            out.append(proc.pid)
-            try:
-                out += [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-            except psutil.Error:
-                pass
-        return out
+        return [] if self.closed else tree_pids([p.pid for p in self.procs if p.pid is not None])
 
     def close(self, timeout: float = 5.0) -> None:
         if self.closed:
@@ -166,14 +140,9 @@ class TTSEngine:
             reader = getattr(self, "_reader", None)
             if reader is not None and reader is not threading.current_thread():
                 reader.join(2)
-            for q in (self.in_q, self.handoff_q, self.out_q):
-                q.cancel_join_thread()   # a feeder blocked on a pipe nobody reads must not hold up close...
-                q.close()
-                feeder = getattr(q, "_thread", None)
-                if feeder is not None:   # ...but one that is only finishing gets a moment: it holds the queue's
-                    feeder.join(1.0)     # semaphores, and a daemon thread cut off at exit leaks them
+            close_queues(self.in_q, self.handoff_q, self.out_q)
             # Drop the queues so their semaphores are released now, not reported as leaked at exit.
-            self.in_q = self.handoff_q = self.out_q = _ClosedQueue()
+            self.in_q = self.handoff_q = self.out_q = ClosedQueue("engine is closed", EngineError)
             _LIVE.discard(self)
 
     def __enter__(self) -> "TTSEngine":

@@ -13,8 +13,9 @@ from typing import Any
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from engine.config import PLATFORMS, RunnerUnsupported, dump_yaml, resolve
-from engine.profile_doc import ProfileError
+from engine.config import RunnerUnsupported, dump_yaml, resolve
+from engine.profile_schema import PLATFORMS
+from engine.profile_errors import ProfileError
 
 PINS_FILE = "pins.yaml"
 COMMAND = "lanekeeper profile pin"

@@ -37,6 +37,42 @@ def kill_tree(roots, group: int | None = None, timeout: float = 5.0) -> None:
     psutil.wait_procs(victims, timeout=timeout)
 
 
+def tree_pids(roots: list[int]) -> list[int]:
+    """The pids of these processes and of everything under them (gone ones left out)."""
+    import psutil
+
+    out = []
+    for pid in roots:
+        try:
+            out += [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+        except psutil.Error:
+            pass
+    return out
+
+
+def close_queues(*queues) -> None:
+    """Close multiprocessing queues without waiting on a reader that is gone."""
+    for q in queues:
+        q.cancel_join_thread()   # a feeder blocked on a pipe nobody reads must not hold up close...
+        q.close()
+        feeder = getattr(q, "_thread", None)
+        if feeder is not None:   # ...but one that is only finishing gets a moment: it holds the queue's
+            feeder.join(1.0)     # semaphores, and a daemon thread cut off at exit leaks them
+
+
+class ClosedQueue:
+    """Stands in for a closed queue: any use raises `error(message)`."""
+
+    def __init__(self, message: str, error=RuntimeError):
+        self.message, self.error = message, error
+
+    def put(self, item):
+        raise self.error(self.message)
+
+    def get(self, *a, **kw):
+        raise self.error(self.message)
+
+
 def engine_processes() -> list:
     """This process's descendants that belong to an engine: stages, vLLM's engine core and workers,
     speech servers (as `describe_process` knows them)."""

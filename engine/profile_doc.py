@@ -21,22 +21,9 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.constructor import DuplicateKeyError
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
-from engine.errors import UserError
+from engine.profile_errors import ProfileError, explain_error, key_line
 
 MISSING = type("Missing", (), {"__repr__": lambda self: "<absent>", "__bool__": lambda self: False})()
-
-
-class ProfileError(UserError):
-    """A profile, override or platform that cannot be resolved; says where."""
-
-    def __init__(self, message: str, path: str | os.PathLike | None = None, key: str | None = None,
-                 line: int | None = None):
-        self.message, self.path, self.key, self.line = message, path, key, line
-        where = str(path) if path else ""
-        if path and line:
-            where += f":{line}"
-        parts = [p for p in (where, key) if p]
-        super().__init__(": ".join(parts + [message]))
 
 
 @dataclass(frozen=True)
@@ -60,10 +47,6 @@ def _yaml() -> YAML:
     y.preserve_quotes = True
     y.width = 4096
     return y
-
-
-def _key_line(node: Any, key: Any) -> int | None:
-    return node.lc.key(key)[0] + 1 if isinstance(node, CommentedMap) and key in node else None
 
 
 def _stage_id(item: Any, where: str) -> int:
@@ -93,7 +76,7 @@ def flatten(node: Mapping, prefix: str = "", skip: tuple = ()) -> dict[str, Leaf
         elif isinstance(value, dict) and value:
             out.update(flatten(value, path + "."))
         else:
-            out[path] = Leaf(plain(value), _key_line(node, key))
+            out[path] = Leaf(plain(value), key_line(node, key))
     return out
 
 
@@ -148,61 +131,6 @@ def platform_key(path: str) -> str:
     """The resolved key a document path sets: `platforms.rocm.model_runner` -> `model_runner`."""
     parts = path.split(".")
     return ".".join(parts[2:]) if parts[0] == "platforms" and len(parts) > 2 else path
-
-
-# ---------------------------------------------------------------- errors
-
-def locate(data: Any, loc: tuple) -> tuple[str, int | None]:
-    """A pydantic error location as (dotted key, line).  A list item is addressed by its index
-    (`lanes.2.timeout`), a stage by its stage_id (`stages.0.max_num_seqs`), and a stage without a
-    unique one by its place (`stages[2]`)."""
-    key: list[str] = []
-    line, node = None, data
-    for part in loc:
-        if isinstance(part, str) and (part.startswith("function-") or part == "[key]"):
-            continue
-        if isinstance(node, list) and isinstance(part, int) and part < len(node):
-            if key and key[-1] == "stages":
-                sids = [i.get("stage_id") if isinstance(i, dict) else None for i in node]
-                sid = sids[part]
-                if isinstance(sid, int) and not isinstance(sid, bool) and sids.count(sid) == 1:
-                    key.append(str(sid))
-                else:
-                    key[-1] += f"[{part}]"
-            else:
-                key.append(str(part))
-            if isinstance(node, CommentedSeq):
-                line = node.lc.item(part)[0] + 1
-            node = node[part]
-        elif isinstance(node, dict) and str(part) in node and not (key and key[-1].split("[")[0] == "stages"
-                                                                   and str(part) == str(node.get("stage_id"))):
-            key.append(str(part))
-            line = _key_line(node, str(part)) or line
-            node = node[str(part)]
-        elif isinstance(node, dict) and str(part) == str(node.get("stage_id")):
-            continue            # the tag of the stage union: already in the key
-        else:
-            key.append(str(part))
-            node = None
-    return ".".join(key) or "<top>", line
-
-
-def explain_error(e: ValidationError, data: Any) -> tuple[str, int | None, str]:
-    """(key, line, message) for the first error of a validation, in the words of the document."""
-    err = e.errors()[0]
-    key, line = locate(data, tuple(err["loc"]))
-    msg = err["msg"]
-    if err["type"] == "extra_forbidden":
-        msg = "unknown key"
-    elif err["type"] != "missing" and "input" in err and not isinstance(err["input"], (dict, list)):
-        msg = f"{msg} (got {err['input']!r})"
-    return key, line, msg
-
-
-def format_error(e: ValidationError, data: Any, path: str | os.PathLike) -> str:
-    """`file:line: key: message`, the one shape every schema error takes here."""
-    key, line, msg = explain_error(e, data)
-    return f"{path}{f':{line}' if line else ''}: {key}: {msg}"
 
 
 # ---------------------------------------------------------------- the document
@@ -305,7 +233,7 @@ class ProfileDoc:
                 node = item
                 line = node.lc.line + 1 if isinstance(node, CommentedMap) else line
             elif isinstance(node, dict) and part in node:
-                line = _key_line(node, part) or line
+                line = key_line(node, part) or line
                 node = node[part]
             else:
                 break

@@ -13,7 +13,7 @@ import pytest
 
 from ci.argtypes import shard
 from ci.matrix import CUDA_GRAPH, HANDOFFS, RUNNERS
-from engine.config import BACKENDS
+from engine.profile_schema import BACKENDS
 from engine.procs import STACK_DIR_ENV
 
 

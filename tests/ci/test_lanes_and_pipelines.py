@@ -14,7 +14,7 @@ from xml.sax.saxutils import quoteattr
 import pytest
 from ruamel.yaml import YAML
 
-from ci import lanes, pipelines
+from ci import github_workflows, lanes, pipelines
 from engine.diagnosis import Diagnosis
 from ci.cli import main
 from tests.ci.conftest import TOKEN, Reply, one_lane_file
@@ -45,9 +45,9 @@ def test_committed_pipelines_are_current():
     all_lanes = lanes.load()
     assert BUILDKITE_FILE.read_text() == pipelines.dump(pipelines.buildkite_bootstrap(), "buildkite-bootstrap"), \
         "regenerate: lanekeeper pipeline buildkite-bootstrap > .buildkite/pipeline.yml"
-    assert GITHUB_FILE.read_text() == pipelines.dump(pipelines.github(all_lanes), "github"), \
+    assert GITHUB_FILE.read_text() == pipelines.dump(github_workflows.lanes_workflow(all_lanes), "github"), \
         "regenerate: lanekeeper pipeline github > .github/workflows/lanes.yml"
-    assert ROLLBACK_FILE.read_text() == pipelines.dump(pipelines.github_rollback(all_lanes),
+    assert ROLLBACK_FILE.read_text() == pipelines.dump(github_workflows.rollback_workflow(all_lanes),
                                                        "github --workflow rollback"), \
         "regenerate: lanekeeper pipeline github --workflow rollback > .github/workflows/rollback.yml"
 

@@ -15,7 +15,8 @@ import pytest
 from ruamel.yaml import YAML
 
 from ci.cli import main
-from ci.rollback import REVIEW, Audit
+from ci.rollback import REVIEW
+from ci.rollback_branch import Audit
 from engine import pins
 from engine.profile_doc import ProfileDoc
 from tests.ci.conftest import TOKEN, one_lane_file
@@ -34,7 +35,8 @@ SPLIT_TEST_TEXT = '''\
 import pytest
 
 from engine import pins
-from engine.config import PLATFORMS, PROFILES_DIR, resolve
+from engine.config import PROFILES_DIR, resolve
+from engine.profile_schema import PLATFORMS
 
 pytestmark = pytest.mark.config
 

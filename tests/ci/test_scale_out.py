@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
-from ci import ci_api, history, junit, lanes, pipelines
+from ci import ci_api, github_workflows, history, junit, lanes, pipelines
 from ci.history import Build, LaneResult
 from ci.matrix import cell_in, cells
 from ci.pytest_plugin.shards import split
@@ -190,7 +190,7 @@ def test_pipelines_carry_the_shards(sharded, tmp_path):
     run = subprocess.run(["check-jsonschema", "--builtin-schema", "vendor.buildkite", str(path)], capture_output=True,
                          text=True)
     assert run.returncode == 0, run.stdout + run.stderr
-    jobs = pipelines.github_lanes([lane], main)["cpu"]
+    jobs = github_workflows.lane_matrix([lane], main)["cpu"]
     assert [(j["label"], j["shard"], j["artifact"]) for j in jobs] == [
         ("TTS · Wide (shard 1/2)", "1/2", "wide-shard-1-of-2"), ("TTS · Wide (shard 2/2)", "2/2", "wide-shard-2-of-2")]
     wf = YAML(typ="safe").load((ROOT / ".github/workflows/lanes.yml").read_text())

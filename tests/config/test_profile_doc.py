@@ -6,7 +6,8 @@ import pytest
 from ci.cli import main
 from engine import pins
 from engine.config import PROFILES_DIR, resolve
-from engine.profile_doc import MISSING, ProfileDoc, ProfileError, diff, platform_key, unflatten
+from engine.profile_doc import MISSING, ProfileDoc, diff, platform_key, unflatten
+from engine.profile_errors import ProfileError
 
 pytestmark = pytest.mark.config
 

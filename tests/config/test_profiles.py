@@ -6,7 +6,8 @@ import sys
 import pytest
 
 from engine import pins
-from engine.config import PLATFORMS, PROFILES_DIR, ProfileError, check_file, resolve
+from engine.config import PROFILES_DIR, ProfileError, check_file, resolve
+from engine.profile_schema import PLATFORMS
 from engine.profile_doc import ProfileDoc
 
 pytestmark = pytest.mark.config

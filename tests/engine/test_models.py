@@ -5,7 +5,7 @@ import torch
 
 from engine.config import resolve
 from engine.handoff import HandoffPolicy
-from engine.config import Connector
+from engine.profile_schema import Connector
 from engine.models import CheckpointError, build_models, save_checkpoint
 from engine.presets import PRESETS, SAMPLES_PER_FRAME
 from engine.request import RequestError, SpeechRequest
