@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import quote
 
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, field_validator
@@ -80,8 +80,9 @@ class LaneResult:
 
 @dataclass(config=STRICT)
 class Build:
+    """One CI build and how each lane did in it."""
     number: int
-    commit: str
+    commit: Annotated[str, Field(min_length=1)]
     branch: str
     url: str = ""
     lanes: dict[str, list[LaneResult]] = Field(default_factory=dict)   # one entry per attempt (and shard)

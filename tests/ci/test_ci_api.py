@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ci import ci_api, history
-from tests.ci.conftest import TOKEN, Reply
+from tests.helpers.fake_ci import TOKEN, Reply
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = "/organizations/acme/pipelines/tts/builds/42"

@@ -78,7 +78,7 @@ def test_sigterm_to_a_running_lane_leaves_junit_and_its_own_status(tmp_path):
 
     import psutil
 
-    from tests.ci.conftest import one_lane_file
+    from tests.helpers.lanes import one_lane_file
 
     lanes_file = one_lane_file(tmp_path, "long", "batch_of_32 or streaming_equals")
     art = tmp_path / "art"

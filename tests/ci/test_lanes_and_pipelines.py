@@ -17,7 +17,8 @@ from ruamel.yaml import YAML
 from ci import github_workflows, lanes, pipelines
 from engine.diagnosis import Diagnosis
 from ci.cli import main
-from tests.ci.conftest import TOKEN, Reply, one_lane_file
+from tests.helpers.fake_ci import TOKEN, Reply
+from tests.helpers.lanes import one_lane_file
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILDKITE_FILE = ROOT / ".buildkite/pipeline.yml"

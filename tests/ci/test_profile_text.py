@@ -4,7 +4,7 @@ import re
 import subprocess
 import sys
 
-from tests.ci.test_rollback import copy_project, git
+from tests.helpers.repo import copy_project, git
 
 
 def reword(text: str) -> str:

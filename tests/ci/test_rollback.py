@@ -6,9 +6,7 @@ profile's header comment, re-pins, splits a config test and adds a docs page.  P
 content is always addressed by path (ProfileDoc), never by line or comment text.
 """
 import json
-import shutil
 import subprocess
-from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
@@ -19,9 +17,10 @@ from ci.rollback import REVIEW
 from ci.rollback_branch import Audit
 from engine import pins
 from engine.profile_doc import ProfileDoc
-from tests.ci.conftest import TOKEN, one_lane_file
+from tests.helpers.fake_ci import TOKEN
+from tests.helpers.lanes import one_lane_file
+from tests.helpers.repo import copy_project, git
 
-ROOT = Path(__file__).resolve().parents[2]
 PROFILE = "profiles/qwen3_tts.yaml"
 MRV2 = "profiles/qwen3_tts_mrv2.yaml"
 PINS = "profiles/pins.yaml"
@@ -46,18 +45,6 @@ def test_default_runner_is_pinned(platform):
     _, pinned = pins.read(PROFILES_DIR)
     assert resolve("qwen3_tts", platform=platform).config.model_runner == pinned["qwen3_tts"][platform]["model_runner"]
 '''
-
-
-def git(repo, *args):
-    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
-
-
-def copy_project(dest: Path) -> None:
-    for rel in git(ROOT, "ls-files", "--cached", "--others", "--exclude-standard").splitlines():
-        src = ROOT / rel
-        if src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
 
 
 def set_values(repo, file, values: dict) -> None:

@@ -14,7 +14,7 @@ from ci import ci_api, github_workflows, history, junit, lanes, pipelines
 from ci.history import Build, LaneResult
 from ci.matrix import cell_in, cells
 from ci.pytest_plugin.shards import split
-from tests.ci.conftest import TOKEN
+from tests.helpers.fake_ci import TOKEN
 
 MATRIX = """
     import pytest

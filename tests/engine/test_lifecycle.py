@@ -6,21 +6,12 @@ import sys
 import textwrap
 import time
 
-import psutil
 import pytest
 
 from engine.config import resolve
 from engine.engine import TTSEngine
 from engine.request import SpeechRequest
-
-
-def _gone(pids, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]:
-            return True
-        time.sleep(0.05)
-    return False
+from tests.helpers.procs import gone
 
 
 @pytest.fixture
@@ -33,7 +24,7 @@ def test_stages_share_one_process_group(profile):
         pids = engine.pids()
         assert len(pids) == 2
         assert {os.getpgid(p) for p in pids} == {pids[0]} != {os.getpgid(0)}
-    assert _gone(pids)
+    assert gone(pids)
 
 
 def test_failure_mid_generation_leaves_nothing(profile):
@@ -43,7 +34,7 @@ def test_failure_mid_generation_leaves_nothing(profile):
             pids = engine.pids()
             for chunk in engine.stream(SpeechRequest("a long sentence " * 8)):
                 raise RuntimeError("boom")
-    assert pids and _gone(pids)
+    assert pids and gone(pids)
 
 
 def test_wedged_stage_is_killed(profile):
@@ -53,7 +44,7 @@ def test_wedged_stage_is_killed(profile):
     t0 = time.monotonic()
     engine.close(timeout=1.0)
     assert time.monotonic() - t0 < 10
-    assert _gone(pids)
+    assert gone(pids)
 
 
 def test_dead_stage_fails_requests_instead_of_hanging(profile):
@@ -80,7 +71,7 @@ def test_orphaned_stages_exit(tmp_path):
     pids = [int(p) for p in out.stdout.split()]
     assert len(pids) == 2, out.stderr
     try:
-        assert _gone(pids, timeout=15)
+        assert gone(pids, timeout=15)
     finally:
         for p in pids:
             try:
@@ -107,7 +98,7 @@ def test_guard_fails_a_test_that_leaks_an_engine(pytester):
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(["*engine processes outlived*test_leaks*killed now*"])
     line = next(l for l in result.outlines if "PIDS" in l)
-    assert _gone([int(p) for p in line.split("PIDS")[1].split()])
+    assert gone([int(p) for p in line.split("PIDS")[1].split()])
 
 
 def test_processes_say_what_they_are():

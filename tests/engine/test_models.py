@@ -10,7 +10,7 @@ from engine.models import CheckpointError, build_models, save_checkpoint
 from engine.presets import PRESETS, SAMPLES_PER_FRAME
 from engine.request import RequestError, SpeechRequest
 from engine.sampling import RequestSampler, SamplingParams, sample_first, sample_rows
-from tests.e2e.offline.conftest import reference_run
+from tests.helpers.reference import reference_run
 
 
 @pytest.fixture(scope="module")
@@ -113,13 +113,13 @@ def test_handoff_windows():
 @pytest.mark.parametrize("overrides", [["model_runner=v2"], ["model_runner=v2", "stages.0.enforce_eager=true"],
                                        ["model_runner=v1"]])
 def test_runners_agree_in_process(overrides):
-    from tests.e2e.offline.conftest import _Inbox
+    from tests.helpers.reference import Inbox
     from engine.messages import Codes
     from engine.torch_talker import TorchTalker
 
     profile = resolve("qwen3_tts", platform="cpu", overrides=overrides + ["stages.0.max_num_seqs=3"])
-    out = _Inbox()
-    talker = TorchTalker(profile, _Inbox(), out)
+    out = Inbox()
+    talker = TorchTalker(profile, Inbox(), out)
     reqs = [SpeechRequest("runner check " * k, temperature=0.0, seed=k) for k in (1, 2, 3, 4)]
     for r in reqs:
         talker.add(r)

@@ -17,8 +17,8 @@ from engine.errors import StageHandoffStall
 from engine.presets import CODEC_BOS, PRESETS
 from engine.request import SpeechRequest
 from engine.vllm_talker import OFFSETS, VOCAB_SIZE, model_dir, prompt_ids, unsupported, vllm_missing
-from tests.e2e.conftest import make_request
-from tests.engine.test_lifecycle import _gone
+from tests.helpers.requests import make_request
+from tests.helpers.procs import gone
 
 MISSING = vllm_missing()
 needs_vllm = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
@@ -92,7 +92,7 @@ def test_dropped_handoff_on_vllm_is_handoff_stall_and_no_vllm_process_remains():
     e = err.value.diagnosis
     assert e.stage == 1 and e.cell == "vllm-v1-no_cuda_graph-async_chunk"
     assert e.frames_handed_off > e.frames_consumed
-    assert _gone(pids), [p for p in pids if psutil.pid_exists(p)]
+    assert gone(pids), [p for p in pids if psutil.pid_exists(p)]
 
 
 def test_matrix_skips_every_cell_and_goes_red_when_vllm_will_not_import(pytester, monkeypatch):

@@ -10,7 +10,7 @@ from engine.engine import TTSEngine
 from engine.errors import StageDied, StageHandoffStall, StageStall
 from engine.faults import FaultSpecError, parse
 from engine.request import SpeechRequest
-from tests.engine.test_lifecycle import _gone
+from tests.helpers.procs import gone
 
 
 def _engine(faults, *extra):
@@ -30,7 +30,7 @@ def test_kill_stage_1_mid_request_is_stage_died():
     d = err.value.diagnosis
     assert d.stage == 1 and d.request_id == result.request_id
     assert d.stage_name == "vocoder" and "stage 1 (vocoder)" in d.message
-    assert _gone(pids)
+    assert gone(pids)
 
 
 def test_stall_stage_0_is_stage_stall():
@@ -42,7 +42,7 @@ def test_stall_stage_0_is_stage_stall():
         pids = engine.pids()
     e = err.value.diagnosis
     assert e.stage == 0 and e.frames_produced >= 3 and e.cell == "v2-cuda_graph-async_chunk"
-    assert _gone(pids)
+    assert gone(pids)
 
 
 def test_only_affected_requests_fail():

@@ -1,16 +1,10 @@
-import dataclasses
-
-import numpy as np
 import pytest
-import torch
 
 from ci.matrix import TEST_WATCHDOG
 from engine.config import resolve
 from engine.engine import TTSEngine
-from engine.messages import Codes
-from engine.models import build_models
-from engine.stage0 import make_talker
-from tests.e2e.conftest import make_request
+from tests.helpers.reference import reference_runs
+from tests.helpers.requests import make_request
 
 
 @pytest.fixture(scope="session")
@@ -30,51 +24,6 @@ def shipped_engine(shipped):
         yield engine
 
 
-def check_as_shipped(engine, request, record_property):
-    """One request through the profile as shipped; the engine runs the runner the profile names."""
-    profile = engine.profile
-    record_property("profile", profile.name)
-    record_property("runner", engine.info[0]["runner"])
-    assert engine.info[0]["runner"] == profile.config.model_runner, \
-        f"{profile.name} names runner {profile.config.model_runner}, stage 0 runs {engine.info[0]['runner']}"
-    (result,) = engine.generate([request])
-    assert result.ok and len(result.audio) > 0, result.error
-    return result
-
-
-class _Inbox(list):
-    put = list.append
-
-
-def reference_runs(requests, backend="torch", profile_name="qwen3_tts"):
-    """Greedy codes and whole-payload audio for each request, computed in this process.
-
-    Runner v1, eager, one request at a time, and one codec decode over the whole sequence:
-    the simplest path through the same models (on the same stage-0 backend), which every
-    matrix cell must reproduce.
-    """
-    profile = resolve(profile_name, platform="cpu",
-                      overrides=["model_runner=v1", "stages.0.enforce_eager=true", f"backend={backend}"])
-    codec = build_models(parts=("codec",)).codec
-    out = _Inbox()
-    talker = make_talker(profile, _Inbox(), out)
-    try:
-        runs = []
-        for request in requests:
-            talker.add(request)
-            while talker.busy:
-                talker.step()
-            (codes,) = [m.codes for m in out if isinstance(m, Codes) and m.request_id == request.request_id]
-            runs.append((codes, codec(torch.as_tensor(codes)[None])[0].numpy()))
-        return runs
-    finally:
-        talker.close()
-
-
-def reference_run(request):
-    return reference_runs([request])[0]
-
-
 @pytest.fixture(scope="session")
 def greedy_reference(ref_audio, pytestconfig):
     tasks = ("CustomVoice", "VoiceDesign", "Base")
@@ -84,11 +33,3 @@ def greedy_reference(ref_audio, pytestconfig):
     return {task: (req, *run) for task, req, run in zip(tasks, reqs, runs)}
 
 
-def assert_matches_reference(engine, greedy_reference, task: str, request_id: str):
-    """The cell's greedy codes equal the reference's; its audio is within 1e-3 of a whole-payload decode."""
-    req, codes, audio = greedy_reference[task]
-    (result,) = engine.generate([dataclasses.replace(req, request_id=request_id)])
-    assert result.ok and len(result.audio) > 0, result.error
-    np.testing.assert_array_equal(result.codes, codes)
-    assert np.abs(result.audio - audio).max() < 1e-3
-    return codes

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import make_request
-from tests.e2e.offline.conftest import assert_matches_reference, check_as_shipped
+from tests.helpers.reference import assert_matches_reference, check_as_shipped
+from tests.helpers.requests import make_request
 
 pytestmark = [pytest.mark.offline, pytest.mark.merge_only]
 

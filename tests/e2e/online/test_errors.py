@@ -126,7 +126,7 @@ def test_framework_errors_are_openai_shaped(srv):
 
 def test_metrics_count_every_request(srv, media):
     """Refused at parse time, refused by validation, refused by the stage, served: each counted exactly once."""
-    from tests.e2e.online.test_load_and_shutdown import metrics
+    from tests.helpers.online import metrics
 
     def totals():
         m = metrics(srv)

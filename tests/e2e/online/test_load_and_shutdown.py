@@ -2,38 +2,20 @@
 import asyncio
 import os
 import threading
-import time
 
 import httpx
 import psutil
 import pytest
 from openai import AsyncOpenAI
-from prometheus_client.parser import text_string_to_metric_families
 
 from ci.remote_server import RemoteServer
+from tests.helpers.online import metrics, wait_for
 
 pytestmark = pytest.mark.online
 
 
-def metrics(srv) -> dict[tuple, float]:
-    out = {}
-    for fam in text_string_to_metric_families(httpx.get(srv.url + "/metrics").text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
 def successes(srv) -> float:
     return metrics(srv).get(("lanekeeper_requests_total", (("status", "success"),)), 0.0)
-
-
-def wait_for(predicate, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def released(srv) -> bool:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from engine.tokenizer import frames_for_text
-from tests.e2e.online.conftest import data_url, decode
+from tests.helpers.online import data_url, decode
 
 pytestmark = [pytest.mark.online, pytest.mark.merge_only]
 

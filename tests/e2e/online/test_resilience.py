@@ -14,7 +14,7 @@ from openai import OpenAI
 
 from ci.matrix import TEST_WATCHDOG
 from ci.remote_server import RemoteServer
-from tests.e2e.online.test_load_and_shutdown import metrics, wait_for
+from tests.helpers.online import metrics, wait_for
 
 pytestmark = pytest.mark.online
 

@@ -1,0 +1,1 @@
+"""What tests share: imported from here, never from another test module or a conftest."""
