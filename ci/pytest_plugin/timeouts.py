@@ -20,12 +20,14 @@ DEFAULT_TIMEOUT = 600.0
 STARTED = pytest.StashKey[float]()
 
 
-def timeout_for(item) -> float:
-    """Seconds, or inf where pytest-timeout's setting is 0 (no timeout)."""
-    configured = _get_item_settings(item).timeout
-    if configured is not None:
-        return configured if configured > 0 else math.inf
-    return min([t for m, t in MARKER_TIMEOUTS.items() if item.get_closest_marker(m)] or [DEFAULT_TIMEOUT])
+def timeout_for(item) -> tuple[float, bool]:
+    """Seconds (inf where pytest-timeout's setting is 0: no timeout), and whether they cover the test
+    function only (pytest-timeout's func_only) or its setup and teardown too."""
+    settings = _get_item_settings(item)
+    if settings.timeout is not None:
+        return (settings.timeout if settings.timeout > 0 else math.inf), bool(settings.func_only)
+    kinds = [t for m, t in MARKER_TIMEOUTS.items() if item.get_closest_marker(m)]
+    return min(kinds or [DEFAULT_TIMEOUT]), bool(settings.func_only)
 
 
 def budget(config) -> float | None:
@@ -45,12 +47,12 @@ def budget_exhausted(session) -> bool:
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
-    timeout = timeout_for(item)
+    timeout, func_only = timeout_for(item)
     left = budget_left(item.config)
     if left is not None:
         timeout = max(1.0, min(timeout, left))
-    if math.isfinite(timeout):   # outermost: pytest-timeout reads this marker when the test starts
-        item.add_marker(pytest.mark.timeout(timeout, method="signal"))
+    if math.isfinite(timeout):   # the closest marker, which pytest-timeout reads when the test starts
+        item.add_marker(pytest.mark.timeout(timeout, method="signal", func_only=func_only), append=False)
     item.stash[STARTED] = time.time()
     try:
         return (yield)

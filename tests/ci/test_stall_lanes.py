@@ -87,6 +87,7 @@ def test_blocked_test_is_ended_by_timeout_with_stacks(pytester, tmp_path):
             with TTSEngine(resolve("qwen3_tts", platform="cpu")) as e:
                 yield e
 
+        @pytest.mark.timeout(4, func_only=True)   # the engine's start (setup) is not what is timed
         def test_blocks_forever(engine):
             threading.Event().wait()
 
@@ -97,7 +98,7 @@ def test_blocked_test_is_ended_by_timeout_with_stacks(pytester, tmp_path):
     os.environ["LANEKEEPER_TEST_TAG"] = tag
     try:
         t0 = time.monotonic()
-        result = pytester.runpytest_subprocess("-p", "ci.pytest_plugin", "--timeout", "4", "--report-dir",
+        result = pytester.runpytest_subprocess("-p", "ci.pytest_plugin", "--timeout", "120", "--report-dir",
                                                str(tmp_path), "--junitxml", str(tmp_path / "junit.xml"))
     finally:
         del os.environ["LANEKEEPER_TEST_TAG"]
@@ -127,6 +128,23 @@ def test_lane_budget_stops_the_run(pytester):
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed", 0) < 5
     result.stdout.fnmatch_lines(["*Lane budget of 2s exhausted*", "*session-timeout: 2.5 sec exceeded*"])
+
+
+def test_the_budget_caps_a_test_with_its_own_timeout(pytester):
+    """A test's own, longer timeout marker does not let it run past the lane budget."""
+    pytester.makepyfile(test_long="""
+        import time
+        import pytest
+
+        @pytest.mark.timeout(60)
+        def test_long():
+            time.sleep(30)
+    """)
+    t0 = time.monotonic()
+    result = pytester.runpytest_subprocess("-p", "ci.pytest_plugin", "--session-timeout", "3")
+    assert time.monotonic() - t0 < 20, result.stdout.str()[-2000:]
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*Timeout (>*s) from pytest-timeout*", "*Lane budget of 3s exhausted*"])
 
 
 def test_one_diagnosis_everywhere(pytester, tmp_path):

@@ -1,0 +1,138 @@
+"""Where a stage-0 frame step's time goes: the torch talker in this process, one batch of requests.
+
+    python benchmarks/profile_step.py --platform cuda --preset 0.6b --dtype bfloat16 --batch 64
+
+For each runner: the mean wall time of a frame step, then the same steps with a device sync around
+each phase (talker decode, codebook-0 sampling, the code predictor's 15 sub-steps with their
+sampling, frame embeddings, handoff), and the torch profiler's top operators by self device time
+and by self CPU time.  Prints Markdown; `--trace DIR` also writes Chrome traces.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+
+import torch
+
+from engine.config import resolve
+from engine.request import SpeechRequest
+from engine.torch_talker import TorchTalker
+
+
+class Inbox(list):
+    put = list.append
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def talker_for(args, runner: str) -> TorchTalker:
+    profile = resolve("qwen3_tts", platform=args.platform, overrides=[
+        f"model_runner={runner}", f"model.preset={args.preset}", f"model.dtype={args.dtype}",
+        f"stages.0.max_num_seqs={args.batch}", f"stages.0.enforce_eager={str(args.eager).lower()}",
+        f"stages.0.max_model_len={args.max_len}", f"stages.0.gpu_memory_utilization={args.gpu_util}"])
+    return TorchTalker(profile, Inbox(), Inbox())
+
+
+def fill(talker, args):
+    for i in range(args.batch):
+        talker.add(SpeechRequest("x" * args.text_bytes, voice="ryan", seed=i, max_new_tokens=4 * args.steps))
+    while talker.waiting:   # admit (prefill) everything first: steps below are decode steps
+        talker.step()
+
+
+def timed_phases(talker, steps: int) -> dict[str, float]:
+    """Seconds per phase, each wrapped in device syncs (so the sum is above an unsynced step)."""
+    spent: dict[str, float] = defaultdict(float)
+    runner = talker.runner
+
+    def wrap(obj, name, label):
+        fn = getattr(obj, name)
+
+        def timed(*a, **kw):
+            sync(talker.device)
+            t0 = time.perf_counter()
+            out = fn(*a, **kw)
+            sync(talker.device)
+            spent[label] += time.perf_counter() - t0
+            return out
+        setattr(obj, name, timed)
+        return fn
+
+    import engine.torch_talker as tt
+    saved = [(runner, "decode", wrap(runner, "decode", "talker decode")),
+             (runner, "residual_codes", wrap(runner, "residual_codes", "code predictor + sampling (15 sub-steps)")),
+             (runner, "frame_embeds", wrap(runner, "frame_embeds", "frame embeddings")),
+             (talker, "_hand_off", wrap(talker, "_hand_off", "handoff (per request)"))]
+    first = tt.sample_first
+
+    def sample_first(*a):
+        sync(talker.device)
+        t0 = time.perf_counter()
+        out = first(*a)
+        spent["codebook-0 sampling"] += time.perf_counter() - t0
+        return out
+    tt.sample_first = sample_first
+    try:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            talker.step()
+        sync(talker.device)
+        spent["whole step (synced phases)"] = time.perf_counter() - t0
+    finally:
+        tt.sample_first = first
+        for obj, name, fn in saved:
+            setattr(obj, name, fn)
+    return {k: v / steps for k, v in spent.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--platform", default=None)
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--text-bytes", type=int, default=100)
+    ap.add_argument("--max-len", type=int, default=2048)
+    ap.add_argument("--gpu-util", type=float, default=0.9)
+    ap.add_argument("--eager", action="store_true")
+    ap.add_argument("--runner", action="append")
+    ap.add_argument("--trace", help="directory for Chrome traces")
+    args = ap.parse_args()
+    for runner in args.runner or ["v1", "v2"]:
+        talker = talker_for(args, runner)
+        fill(talker, args)
+        for _ in range(3):
+            talker.step()   # warm-up
+        sync(talker.device)
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            talker.step()
+        sync(talker.device)
+        step = (time.perf_counter() - t0) / args.steps
+        print(f"\n## runner {runner}, batch {len(talker.running)}, {args.preset} {args.dtype}, "
+              f"{'eager' if args.eager else 'graphs'}: {1000 * step:.1f} ms a frame step "
+              f"({len(talker.running) / step:.0f} frames/s, {len(talker.running) / step / 12.5:.1f} audio-s/s)\n")
+        print("| phase | ms a step |\n| --- | --- |")
+        for name, s in timed_phases(talker, args.steps).items():
+            print(f"| {name} | {1000 * s:.2f} |")
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if talker.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities) as prof:
+            for _ in range(5):
+                talker.step()
+            sync(talker.device)
+        if args.trace:
+            prof.export_chrome_trace(f"{args.trace}/step-{runner}.json")
+        for key in (["self_cuda_time_total"] if talker.device.type == "cuda" else []) + ["self_cpu_time_total"]:
+            print(f"\n### top operators by {key} (5 steps)\n")
+            print(prof.key_averages().table(sort_by=key, row_limit=18, max_name_column_width=48))
+
+
+if __name__ == "__main__":
+    main()
