@@ -48,13 +48,18 @@ def bench_cell(profile, args) -> dict:
             "first_audio_p50_ms": 1000 * ttfa[len(ttfa) // 2]}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def model_args(ap: argparse.ArgumentParser, text_bytes: int = 60) -> None:
+    """What every engine benchmark is asked: where it runs, which model in which dtype, how big a batch."""
     ap.add_argument("--platform", default=None)
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--text-bytes", type=int, default=60, help="input length; frames = 0.8 * bytes + 2")
+    ap.add_argument("--text-bytes", type=int, default=text_bytes, help="input length; frames = 0.8 * bytes + 2")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    model_args(ap)
     ap.add_argument("--runner", action="append")
     ap.add_argument("--cuda-graph", action="append")
     ap.add_argument("--handoff", action="append")

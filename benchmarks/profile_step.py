@@ -18,6 +18,7 @@ import torch
 from engine.config import resolve
 from engine.request import SpeechRequest
 from engine.torch_talker import TorchTalker
+from offline_matrix import model_args   # this script's folder is on sys.path when run
 
 
 class Inbox(list):
@@ -91,12 +92,8 @@ def timed_phases(talker, steps: int) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--platform", default=None)
-    ap.add_argument("--preset", default="tiny")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--batch", type=int, default=8)
+    model_args(ap, text_bytes=100)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--text-bytes", type=int, default=100)
     ap.add_argument("--max-len", type=int, default=2048)
     ap.add_argument("--gpu-util", type=float, default=0.9)
     ap.add_argument("--eager", action="store_true")
