@@ -143,17 +143,33 @@ def _where(loc) -> str:
     return out
 
 
+def _drop_legacy(doc):
+    """Fields that earlier versions wrote and nothing reads any more (a build's `finished_at`, a result's
+    `retried`): read past, so that an existing history file still loads."""
+    builds = doc.get("builds") if isinstance(doc, dict) else None
+    for b in builds if isinstance(builds, list) else []:
+        if not isinstance(b, dict):
+            continue
+        b.pop("finished_at", None)
+        lanes = b.get("lanes")
+        for results in lanes.values() if isinstance(lanes, dict) else []:
+            for r in results if isinstance(results, list) else [results]:
+                if isinstance(r, dict):
+                    r.pop("retried", None)
+    return doc
+
+
 def load_file(path: str | Path) -> list[Build]:
     path = Path(path)
     try:
-        text = path.read_text()
-        json.loads(text)   # for the line and column of a syntax error
+        doc = json.loads(path.read_text())
     except FileNotFoundError:
         raise HistoryError(f"{path}: history file not found") from None
     except json.JSONDecodeError as e:
         raise HistoryError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg})") from None
     try:
-        return HISTORY.validate_json(text).builds   # JSON mode: strict types, objects for the dataclasses
+        # JSON mode: strict types, and objects for the dataclasses
+        return HISTORY.validate_json(json.dumps(_drop_legacy(doc))).builds
     except ValidationError as e:
         err = e.errors()[0]
         where = _where(err["loc"])

@@ -458,3 +458,22 @@ def test_two_agents_racing_make_one_branch(tmp_path, capsys, monkeypatch):
     third = tmp_path / "c"
     subprocess.run(["git", "clone", "-q", str(remote), str(third)], check=True)
     assert Audit(third, "origin").recent_apply("tts-base")      # the once-a-day cap holds on a fresh checkout
+
+
+def test_history_files_of_earlier_versions_still_load(tmp_path):
+    """Fields nothing reads any more are read past; any other unknown field is refused by name."""
+    from ci import history
+
+    path = tmp_path / "history.json"
+    path.write_text(json.dumps({"builds": [{"number": 1, "commit": "abc", "branch": "main",
+                                            "finished_at": "2026-12-01T00:00:00Z", "lanes": {
+                                                "tts-base": {"state": "failed", "exit_status": 1, "retried": True}}}]}))
+    (build,) = history.load_file(path)
+    assert build.lanes["tts-base"][0].verdict == "red"
+    history.dump_file([build], path)
+    assert "retried" not in path.read_text() and "finished_at" not in path.read_text()
+    assert history.load_file(path) == [build]
+    path.write_text(json.dumps({"builds": [{"number": 1, "commit": "abc", "branch": "main",
+                                            "lanes": {"tts-base": {"state": "failed", "colour": "red"}}}]}))
+    with pytest.raises(history.HistoryError, match=r"builds\[0\]\.lanes\['tts-base'\]\[0\]\.colour: unknown field"):
+        history.load_file(path)
