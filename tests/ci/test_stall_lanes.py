@@ -193,3 +193,21 @@ def test_one_diagnosis_everywhere(pytester, tmp_path):
     assert failure["status"] == "stalled" and failure["why"] == first.message
     md = (tmp_path / "stall-report.md").read_text()
     assert first.message in md and "{" not in md.split("<details>")[0]
+
+
+def test_an_error_body_that_is_not_ours_carries_no_diagnosis():
+    """The plugin reads a diagnosis out of an API error through the model; a body it cannot read is no
+    diagnosis, not a crash of the report."""
+    from ci.pytest_plugin.stalls import diagnoses_in
+    from engine.diagnosis import Diagnosis
+
+    ours = Diagnosis(kind="StageStall", message="StageStall: stage 0 (talker) made no step for 10.1s", stage=0)
+
+    class Ours(Exception):
+        body = {"error": {"code": "StageStall", "diagnosis": ours.public()}}
+
+    class Foreign(Exception):
+        body = {"error": {"code": "StageStall", "diagnosis": {"kind": "StageStall", "stage": "zero"}}}
+
+    assert diagnoses_in(Ours()) == [ours]
+    assert diagnoses_in(Foreign()) == []

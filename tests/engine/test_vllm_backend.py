@@ -17,7 +17,7 @@ from engine.errors import StageHandoffStall
 from engine.presets import CODEC_BOS, PRESETS
 from engine.request import SpeechRequest
 from engine.vllm_talker import OFFSETS, VOCAB_SIZE, model_dir, prompt_ids, unsupported, vllm_missing
-from tests.helpers.requests import make_request
+from tests.helpers.speech_requests import make_request
 from tests.helpers.procs import gone
 
 MISSING = vllm_missing()

@@ -4,7 +4,7 @@ from ci.matrix import TEST_WATCHDOG
 from engine.config import resolve
 from engine.engine import TTSEngine
 from tests.helpers.reference import reference_runs
-from tests.helpers.requests import make_request
+from tests.helpers.speech_requests import make_request
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ from engine.presets import CODEBOOK_SIZE, SAMPLE_RATE, SAMPLES_PER_FRAME
 from engine.request import SpeechRequest
 from engine.tokenizer import frames_for_text
 from tests.helpers.reference import assert_matches_reference, check_as_shipped
-from tests.helpers.requests import TEXTS, make_request
+from tests.helpers.speech_requests import TEXTS, make_request
 
 pytestmark = [pytest.mark.offline, pytest.mark.merge_only]
 

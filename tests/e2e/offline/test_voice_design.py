@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.reference import assert_matches_reference, check_as_shipped
-from tests.helpers.requests import make_request
+from tests.helpers.speech_requests import make_request
 
 pytestmark = [pytest.mark.offline, pytest.mark.merge_only]
 
