@@ -11,7 +11,7 @@ cell vLLM refuses here is listed with vLLM's reason.
 from __future__ import annotations
 
 import argparse
-import json
+import statistics
 import time
 
 from ci.matrix import CUDA_GRAPH, HANDOFFS, RUNNERS, cells
@@ -20,6 +20,7 @@ from engine.profile_schema import BACKENDS
 from engine.engine import TTSEngine
 from engine.request import SpeechRequest
 from engine.vllm_talker import unsupported
+from results import percentile, record   # this script's folder is on sys.path when run
 
 
 def cell_profile(cell, args):
@@ -42,10 +43,12 @@ def bench_cell(profile, args) -> dict:
     assert all(r.ok for r in results), [r.error for r in results if not r.ok][:1]
     frames = sum(len(r.codes) for r in results)
     audio = sum(r.duration_s for r in results)
-    ttfa = sorted(r.timings["first_audio_s"] for r in results)
+    ttfa = [1000 * r.timings["first_audio_s"] for r in results]
     return {"cell": profile.cell, "start_s": start_s, "captured": info.get("captured", []), "wall_s": wall,
             "frames": frames, "frames_per_s": frames / wall, "audio_s_per_s": audio / wall,
-            "first_audio_p50_ms": 1000 * ttfa[len(ttfa) // 2]}
+            "mode": "offline", "runner": info["runner"], "cuda_graph": "on" if info["graphs"] else "off",
+            "concurrency": len(requests), "ttfp_p50_ms": percentile(ttfa, 0.5), "ttfp_p99_ms": percentile(ttfa, 0.99),
+            "rtf_mean": statistics.mean(r.timings["total_s"] / r.duration_s for r in results)}
 
 
 def model_args(ap: argparse.ArgumentParser, text_bytes: int = 60) -> None:
@@ -65,12 +68,13 @@ def main() -> None:
     ap.add_argument("--handoff", action="append")
     ap.add_argument("--backend", action="append", choices=BACKENDS)
     ap.add_argument("--set", dest="overrides", action="append", default=[])
-    ap.add_argument("--json", help="also write rows to this file")
+    ap.add_argument("--json", help="also merge the rows into this results file (benchmarks/results.py)")
     args = ap.parse_args()
     rows = []
     print(f"preset={args.preset} dtype={args.dtype} batch={args.batch} text_bytes={args.text_bytes}")
-    print("| cell | start s | captured sizes | batch wall s | frames | frames/s | audio-s/s | first audio p50 ms |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| cell | start s | captured sizes | batch wall s | frames | frames/s | audio-s/s | first audio p50 ms | "
+          "mean RTF |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     chosen = [c for backend in args.backend or ["torch"]
               for c in cells(args.runner or RUNNERS, args.cuda_graph or CUDA_GRAPH, args.handoff or HANDOFFS, backend)]
     for cell in chosen:
@@ -83,10 +87,9 @@ def main() -> None:
         rows.append(row)
         print(f"| {row['cell']} | {row['start_s']:.1f} | {row['captured'] or '-'} | {row['wall_s']:.2f} | "
               f"{row['frames']} | {row['frames_per_s']:.0f} | {row['audio_s_per_s']:.1f} | "
-              f"{row['first_audio_p50_ms']:.0f} |", flush=True)
+              f"{row['ttfp_p50_ms']:.0f} | {row['rtf_mean']:.2f} |", flush=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+        record(args.json, [r for r in rows if r["cell"].split("-")[0] != "vllm"], args.platform)
 
 
 if __name__ == "__main__":

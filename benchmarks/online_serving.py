@@ -16,6 +16,7 @@ import time
 import httpx
 
 from ci.remote_server import RemoteServer
+from results import percentile, record   # this script's folder is on sys.path when run
 
 SENTENCES = ["The talker emits one codec frame per step.", "Short reply.",
              "Stage one decodes frames into audio with left context, chunk by chunk, as they arrive.",
@@ -47,11 +48,10 @@ async def run_level(url, concurrency, requests):
         t0 = time.perf_counter()
         rows = await asyncio.gather(*(guarded(i) for i in range(requests)))
         wall = time.perf_counter() - t0
-    ttfp = sorted(r[0] for r in rows)
-    pct = lambda q: ttfp[min(len(ttfp) - 1, int(q * len(ttfp)))]
+    ttfp = [1000 * r[0] for r in rows]
     return {"requests": requests, "audio_s_per_s": sum(r[2] for r in rows) / wall,
-            "ttfp_p50_ms": 1000 * pct(0.5), "ttfp_p99_ms": 1000 * pct(0.99),
-            "mean_rtf": statistics.mean(r[1] / r[2] for r in rows)}
+            "ttfp_p50_ms": percentile(ttfp, 0.5), "ttfp_p99_ms": percentile(ttfp, 0.99),
+            "rtf_mean": statistics.mean(r[1] / r[2] for r in rows)}
 
 
 def main() -> None:
@@ -59,21 +59,28 @@ def main() -> None:
     ap.add_argument("--runner", action="append")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
     ap.add_argument("--platform", default="cpu")
+    ap.add_argument("--cuda-graph", choices=["on", "off"], default="on")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--json", help="also merge the rows into this results file (benchmarks/results.py)")
     args = ap.parse_args()
+    rows = []
     print("| runner | concurrency | requests | audio-s/s | TTFP p50 ms | TTFP p99 ms | mean RTF |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for runner in args.runner or ["v1", "v2"]:
         extra = []
-        for o in [f"model_runner={runner}"] + args.overrides:
+        eager = "true" if args.cuda_graph == "off" else "false"
+        for o in [f"model_runner={runner}", f"stages.0.enforce_eager={eager}"] + args.overrides:
             extra += ["--set", o]
         with RemoteServer(["--platform", args.platform, *extra]) as srv:
             url = srv.url + "/v1/audio/speech"
             asyncio.run(run_level(url, 2, 4))   # warm-up
             for c in args.concurrency:
                 row = asyncio.run(run_level(url, c, max(8, 2 * c)))
+                rows.append({**row, "mode": "online", "runner": runner, "cuda_graph": args.cuda_graph, "concurrency": c})
                 print(f"| {runner} | {c} | {row['requests']} | {row['audio_s_per_s']:.1f} | {row['ttfp_p50_ms']:.0f} | "
-                      f"{row['ttfp_p99_ms']:.0f} | {row['mean_rtf']:.2f} |", flush=True)
+                      f"{row['ttfp_p99_ms']:.0f} | {row['rtf_mean']:.2f} |", flush=True)
+    if args.json:
+        record(args.json, rows, args.platform)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,9 @@
     python benchmarks/profile_step.py --platform cuda --preset 0.6b --dtype bfloat16 --batch 64
 
 For each runner: the mean wall time of a frame step, then the same steps with a device sync around
-each phase (talker decode, codebook-0 sampling, the code predictor's 15 sub-steps with their
-sampling, frame embeddings, handoff), and the torch profiler's top operators by self device time
-and by self CPU time.  Prints Markdown; `--trace DIR` also writes Chrome traces.
+each phase (the running rows' frame; inside it, when not captured, codebook-0 sampling and the
+code predictor's 15 passes; the handoff), and the torch profiler's top operators by self device
+time and by self CPU time.  Prints Markdown; `--trace DIR` also writes Chrome traces.
 """
 from __future__ import annotations
 
@@ -63,20 +63,10 @@ def timed_phases(talker, steps: int) -> dict[str, float]:
         setattr(obj, name, timed)
         return fn
 
-    import engine.torch_talker as tt
-    saved = [(runner, "decode", wrap(runner, "decode", "talker decode")),
-             (runner, "residual_codes", wrap(runner, "residual_codes", "code predictor + sampling (15 sub-steps)")),
-             (runner, "frame_embeds", wrap(runner, "frame_embeds", "frame embeddings")),
+    saved = [(runner, "decode", wrap(runner, "decode", "running rows' frame (talker, sampling, code predictor)")),
+             (runner.sampling, "first", wrap(runner.sampling, "first", "  of which codebook-0 sampling (uncaptured)")),
+             (runner, "residual_codes", wrap(runner, "residual_codes", "  of which code predictor (uncaptured)")),
              (talker, "_hand_off", wrap(talker, "_hand_off", "handoff (per request)"))]
-    first = tt.sample_first
-
-    def sample_first(*a):
-        sync(talker.device)
-        t0 = time.perf_counter()
-        out = first(*a)
-        spent["codebook-0 sampling"] += time.perf_counter() - t0
-        return out
-    tt.sample_first = sample_first
     try:
         t0 = time.perf_counter()
         for _ in range(steps):
@@ -84,7 +74,6 @@ def timed_phases(talker, steps: int) -> dict[str, float]:
         sync(talker.device)
         spent["whole step (synced phases)"] = time.perf_counter() - t0
     finally:
-        tt.sample_first = first
         for obj, name, fn in saved:
             setattr(obj, name, fn)
     return {k: v / steps for k, v in spent.items()}

@@ -4,9 +4,9 @@
 - `DynamicView`: runner v1; each request owns growing per-layer tensors and the batch is
   padded together anew every step.
 - `StaticView`: runner v2; rows of preallocated [layers, slots, max_len] buffers, written
-  with index_put_ so that a decode step can be captured in a CUDA graph.  A captured step
-  attends over all max_len keys; an uncaptured one over a bucket that covers the
-  positions in use, which gives the same result for less work.
+  with index_put_ so that a decode step can be captured in a CUDA graph.  A step attends
+  over a key bucket that covers the positions in use (runner v2 captures one graph per
+  bucket), which gives the same result as all keys for less work.
 """
 from __future__ import annotations
 

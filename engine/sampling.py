@@ -1,8 +1,10 @@
 """Sampling as Qwen3-TTS does it: repetition penalty, temperature, top-k, top-p.
 
-Each request owns a torch.Generator seeded from its seed and draws from it in a
-fixed order (codebook 0, then 1..15, every frame).  A request's tokens therefore
-never depend on what else is in the batch, on the runner, or on graph mode.
+Each request owns a torch.Generator seeded from its seed and draws the 16 uniforms of
+a frame (codebook 0, then 1..15) from it at once, on the host, before the frame step.
+A request's tokens therefore never depend on what else is in the batch, on the
+runner, or on graph mode.  Everything after the draw runs on the device from per-slot
+tensors, with no host sync, so a whole frame step can sit in one CUDA graph.
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.presets import CODEBOOK_SIZE, CODEC_EOS
+from engine.presets import CODEBOOK_SIZE, CODEBOOKS, CODEC_VOCAB, CODEC_EOS
 
 
 @dataclass
@@ -40,78 +42,114 @@ class SamplingParams:
                    target_frames=target_frames)
 
 
-def sample_rows(logits: torch.Tensor, samplers: list["RequestSampler"]) -> list[int]:
-    """One token per row; the filtering is batched, each draw uses its row's generator."""
-    logits = logits.float()
-    out = logits.argmax(-1).tolist()
-    hot = [b for b, s in enumerate(samplers) if s.params.temperature > 0]
-    if not hot:
-        return out
-    rows = torch.tensor(hot, device=logits.device)
-    sel = [samplers[b].params for b in hot]
-    x = logits[rows] / torch.tensor([p.temperature for p in sel], device=logits.device)[:, None]
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           u: torch.Tensor) -> torch.Tensor:
+    """One token per row.  A row with temperature 0 takes the argmax; the others keep their top-k and
+    top-p nucleus and draw by inverse CDF with their own uniform u.  Shapes stay fixed and nothing
+    is read back to the host, so this runs inside a CUDA graph."""
+    x = logits.float()
+    greedy = x.argmax(-1)
     vocab = x.shape[-1]
-    ks = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in sel], device=x.device)
-    if int(ks.min()) < vocab:
-        top = torch.topk(x, int(ks.max()), dim=-1).values
-        kth = top.gather(1, (ks - 1)[:, None].clamp(max=top.shape[1] - 1))
-        kth = torch.where(ks[:, None] >= vocab, torch.full_like(kth, float("-inf")), kth)
-        x = x.masked_fill(x < kth, float("-inf"))
-    probs = torch.softmax(x, -1)
-    top_p = torch.tensor([p.top_p for p in sel], device=x.device)
-    if float(top_p.min()) < 1.0:
-        sorted_p, idx = probs.sort(-1, descending=True)
-        drop = (sorted_p.cumsum(-1) - sorted_p) > top_p[:, None]
-        probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p.masked_fill(drop, 0.0))
-    # Inverse-CDF draw: one uniform per row from that row's own generator.
-    u = torch.cat([torch.rand(1, generator=samplers[b].gen) for b in hot]).to(probs.device)
+    x = x / temperature.clamp(min=1e-5)[:, None]
+    ordered, order = x.sort(-1, descending=True)
+    k = torch.where((top_k > 0) & (top_k < vocab), top_k, vocab)
+    x = x.masked_fill(x < ordered.gather(1, (k - 1)[:, None]), float("-inf"))
+    probs = x.softmax(-1)
+    ordered_p = probs.gather(1, order)
+    drop = ((ordered_p.cumsum(-1) - ordered_p) > top_p[:, None]) & (top_p < 1.0)[:, None]
+    probs = torch.zeros_like(probs).scatter(1, order, ordered_p.masked_fill(drop, 0.0))
     cdf = probs.cumsum(-1)
-    picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=vocab - 1)[:, 0].tolist()
-    for b, token in zip(hot, picked):
-        out[b] = token
-    return out
+    picked = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).clamp(max=vocab - 1)[:, 0]
+    return torch.where(temperature > 0, picked, greedy)
 
 
 class RequestSampler:
-    """Sampling state of one request: its generator and the codebook-0 tokens it has emitted."""
+    """The host side of one request's sampling: its generator and how many frames it has emitted."""
 
     def __init__(self, params: SamplingParams):
         self.params = params
         self.gen = torch.Generator().manual_seed(params.seed)
-        self.history: list[int] = []
+        self.frames = 0
 
-    def process_first(self, logits: torch.Tensor) -> torch.Tensor | int:
-        """Codebook-0 logits after masks and penalty, or the stop token when the request must end now."""
+    def must_stop(self) -> bool:
+        """The request ends now, whatever the model says: max_tokens, or the synthetic length, reached."""
         p = self.params
-        step = len(self.history)
-        stops = list(p.stops)
-        if step >= p.max_tokens or (p.target_frames is not None and step >= p.target_frames):
-            return stops[0]
-        logits = logits.float().clone()
-        allowed = torch.full_like(logits, float("-inf"))
-        allowed[:CODEBOOK_SIZE] = 0
-        allowed[stops] = 0
-        logits = logits + allowed
-        if p.repetition_penalty != 1.0 and self.history:
-            seen = torch.tensor(sorted(set(self.history)), device=logits.device)
-            vals = logits[seen]
-            logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-        if step < p.min_tokens or p.target_frames is not None:
-            logits[stops] = float("-inf")
-        return logits
+        return self.frames >= p.max_tokens or (p.target_frames is not None and self.frames >= p.target_frames)
+
+    def may_stop(self) -> bool:
+        """Whether the model may choose a stop token this frame."""
+        return self.frames >= self.params.min_tokens and self.params.target_frames is None
+
+    def uniforms(self) -> torch.Tensor | None:
+        """This frame's 16 draws, or None when the frame draws nothing (greedy, or a forced stop)."""
+        if self.params.temperature <= 0 or self.must_stop():
+            return None
+        return torch.rand(CODEBOOKS, generator=self.gen)
+
+    def emitted(self, token: int) -> bool:
+        """Record this frame's codebook-0 token (the forced stop already applied); True if it ends the request."""
+        if token in self.params.stops:
+            return True
+        self.frames += 1
+        return False
 
 
-def sample_first(logits: torch.Tensor, samplers: list[RequestSampler]) -> list[int]:
-    """Codebook 0 (or a stop token) for each row."""
-    processed = [s.process_first(logits[b]) for b, s in enumerate(samplers)]
-    live = [b for b, x in enumerate(processed) if not isinstance(x, int)]
-    out = [x if isinstance(x, int) else -1 for x in processed]
-    if live:
-        tokens = sample_rows(torch.stack([processed[b] for b in live]), [samplers[b] for b in live])
-        for b, t in zip(live, tokens):
-            out[b] = t
-    stops = set(samplers[0].params.stops) if samplers else set()
-    for b, t in enumerate(out):
-        if t not in stops:
-            samplers[b].history.append(t)
-    return out
+class SlotSampling:
+    """Per-slot sampling state on the device: parameters, the codebook-0 mask, the tokens a request has
+    emitted (for its repetition penalty) and this frame's uniforms.  The host writes a slot's row
+    when a request is admitted and the uniforms before each step; the device does the rest."""
+
+    def __init__(self, slots: int, device: torch.device):
+        self.device = device
+        self.temperature = torch.zeros(slots, device=device)
+        self.top_k = torch.zeros(slots, dtype=torch.long, device=device)
+        self.top_p = torch.ones(slots, device=device)
+        self.penalty = torch.ones(slots, device=device)
+        self.bias = torch.zeros(slots, CODEC_VOCAB, device=device)          # 0 allowed, -inf not
+        self.seen = torch.zeros(slots, CODEC_VOCAB, dtype=torch.bool, device=device)
+        self.u = torch.zeros(slots, CODEBOOKS, device=device)
+        pin = device.type == "cuda"
+        self.host_u = torch.zeros(slots, CODEBOOKS, pin_memory=pin)
+        self.may_stop: dict[int, bool] = {}
+        self.true = torch.ones((), dtype=torch.bool, device=device)
+
+    def admit(self, slot: int, sampler: RequestSampler) -> None:
+        p = sampler.params
+        self.temperature[slot], self.top_k[slot] = p.temperature, p.top_k
+        self.top_p[slot], self.penalty[slot] = p.top_p, p.repetition_penalty
+        self.seen[slot] = False
+        self._set_stops(slot, sampler)
+
+    def release(self, slot: int) -> None:
+        self.temperature[slot] = 0.0
+        self.may_stop.pop(slot, None)
+
+    def _set_stops(self, slot: int, sampler: RequestSampler) -> None:
+        bias = torch.full((CODEC_VOCAB,), float("-inf"))
+        bias[:CODEBOOK_SIZE] = 0.0
+        stops = list(sampler.params.stops)
+        bias[stops] = 0.0 if sampler.may_stop() else float("-inf")
+        self.bias[slot] = bias.to(self.device)
+        self.may_stop[slot] = sampler.may_stop()
+
+    def prepare(self, slots: list[int], samplers: list[RequestSampler]) -> None:
+        """Before a step: each row's uniforms, and its stop tokens unmasked once min_tokens is reached."""
+        for slot, sampler in zip(slots, samplers):
+            if sampler.may_stop() != self.may_stop.get(slot):
+                self._set_stops(slot, sampler)
+            u = sampler.uniforms()
+            if u is not None:
+                self.host_u[slot] = u
+        self.u.copy_(self.host_u, non_blocking=True)
+
+    def first(self, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Codebook 0 for these slots: only codebook ids and allowed stops, repeats penalized."""
+        x = logits.float() + self.bias[rows]
+        pen = self.penalty[rows][:, None]
+        x = torch.where(self.seen[rows], torch.where(x > 0, x / pen, x * pen), x)
+        token = self.draw(x, rows, 0)
+        self.seen.index_put_((rows, token), self.true)
+        return token
+
+    def draw(self, logits: torch.Tensor, rows: torch.Tensor, codebook: int) -> torch.Tensor:
+        return sample(logits, self.temperature[rows], self.top_k[rows], self.top_p[rows], self.u[rows, codebook])

@@ -18,7 +18,7 @@ from engine.handoff import HandoffPolicy
 from engine.model_runner import CapacityError, Sequence, make_runner
 from engine.models import build_models
 from engine.presets import CODEBOOKS, SAMPLES_PER_FRAME, SAMPLE_RATE
-from engine.sampling import RequestSampler, SamplingParams, sample_first
+from engine.sampling import RequestSampler, SamplingParams
 from engine.faults import Injector
 from engine.messages import Abort, Codes, StageError
 from engine.stage_loop import device_for, request_crashed
@@ -57,7 +57,8 @@ class TorchTalker:
         """What stage 0 reports with its ready message."""
         pool = getattr(self.runner, "pool", None)
         return {"backend": "torch", "runner": self.runner.name, "graphs": bool(self.runner.capture_sizes),
-                "captured": sorted(pool.graphs) if pool else []}
+                "captured": sorted({bs for bs, _ in pool.graphs}) if pool else [],
+                "kv_positions": self.runner.capacity}
 
     def close(self) -> None:
         """Nothing to release: the built-in talker lives in this process."""
@@ -72,10 +73,13 @@ class TorchTalker:
         params = SamplingParams.for_request(req, self.stage.default_sampling_params, target)
         prompt = self.models.talker.prompt_embeds(req)
         longest = prompt.shape[0] + min(params.max_tokens, target or params.max_tokens) + 1
-        if longest > self.max_len:
-            self.out_q.put(StageError(req.request_id, 0,
-                                      f"prompt of {prompt.shape[0]} positions plus up to {longest - prompt.shape[0]} "
-                                      f"frames exceeds stages.0.max_model_len={self.max_len}"))
+        if longest > self.runner.capacity:
+            limit = f"stages.0.max_model_len={self.max_len}" if self.runner.capacity == self.max_len else \
+                f"the {self.runner.capacity} positions of KV cache each of stages.0.max_num_seqs=" \
+                f"{self.stage.max_num_seqs} gets within stages.0.gpu_memory_utilization=" \
+                f"{self.stage.gpu_memory_utilization} (stages.0.max_model_len={self.max_len})"
+            self.out_q.put(StageError(req.request_id, 0, f"prompt of {prompt.shape[0]} positions plus up to "
+                                                         f"{longest - prompt.shape[0]} frames exceeds {limit}"))
             return
         self.started[req.request_id] = time.monotonic()
         self.waiting.append(Sequence(req, RequestSampler(params), prompt))
@@ -117,15 +121,11 @@ class TorchTalker:
     def step(self) -> None:
         self.steps += 1
         self.stepping = list(self.running)
-        rows: list[Sequence] = []
-        hiddens, logits = [], []
+        batches: list[tuple[list[Sequence], torch.Tensor]] = []
         if self.running:
-            h, lg = self.runner.decode(self.running)
-            rows += self.running
-            hiddens.append(h)
-            logits.append(lg)
+            batches.append((list(self.running), self.runner.decode(self.running)))
         budget = self.stage.max_num_batched_tokens
-        admitted = []
+        admitted, hiddens, logits = [], [], []
         while self.waiting and len(self.running) + len(admitted) < self.stage.max_num_seqs:
             seq = self.waiting[0]
             if admitted and seq.prompt.shape[0] > budget:
@@ -136,27 +136,21 @@ class TorchTalker:
             self.runner.add(seq)
             h, lg = self.runner.prefill(seq)
             admitted.append(seq)
-            hiddens.append(h[None])
-            logits.append(lg[None])
-        rows += admitted
+            hiddens.append(h)
+            logits.append(lg)
+        if admitted:
+            batches.append((admitted, self.runner.prefill_frames(admitted, torch.stack(hiddens), torch.stack(logits))))
         self.running += admitted
-        if not rows:
+        if not batches:
             return
-        hidden, logit = torch.cat(hiddens), torch.cat(logits)
-        samplers = [s.sampler for s in rows]
-        c0 = sample_first(logit, samplers)
-        stops = set(samplers[0].params.stops)   # every request takes the stage's stop tokens
-        live = [i for i, t in enumerate(c0) if t not in stops]
-        if live:
-            idx = torch.tensor(live, device=self.device)
-            codes = self.runner.residual_codes(hidden[idx], [c0[i] for i in live], [samplers[i] for i in live])
-            embeds = self.runner.frame_embeds(codes)
-            for k, i in enumerate(live):
-                rows[i].frames.append(codes[k])
-                rows[i].next_embed = embeds[k]
-        for i, seq in enumerate(rows):
+        rows = [seq for seqs, _ in batches for seq in seqs]
+        codes = torch.cat([c for _, c in batches]).cpu().numpy()   # the step's one read-back
+        for seq, frame in zip(rows, codes):
             with self.isolated(seq.request_id):
-                finished = c0[i] in stops
+                sampler = seq.sampler
+                finished = sampler.emitted(sampler.params.stops[0] if sampler.must_stop() else int(frame[0]))
+                if not finished:
+                    seq.frames.append(frame)
                 self._hand_off(seq, finished)
                 if finished:
                     self._finish(seq)

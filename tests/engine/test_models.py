@@ -9,7 +9,7 @@ from engine.profile_schema import Connector
 from engine.models import CheckpointError, build_models, save_checkpoint
 from engine.presets import PRESETS, SAMPLES_PER_FRAME
 from engine.request import RequestError, SpeechRequest
-from engine.sampling import RequestSampler, SamplingParams, sample_first, sample_rows
+from engine.sampling import RequestSampler, SamplingParams, SlotSampling, sample
 from tests.helpers.reference import reference_run
 
 
@@ -55,44 +55,80 @@ def _params(**kw):
     return SamplingParams(**{**base, **kw})
 
 
+class Rows:
+    """Requests in slots 0..n-1, sampled codebook 0 at a time as a stage-0 step samples them."""
+
+    def __init__(self, *params):
+        self.samplers = [RequestSampler(p) for p in params]
+        self.state = SlotSampling(len(params), torch.device("cpu"))
+        for slot, sampler in enumerate(self.samplers):
+            self.state.admit(slot, sampler)
+
+    def first(self, logits: torch.Tensor) -> list[int]:
+        slots = list(range(len(self.samplers)))
+        self.state.prepare(slots, self.samplers)
+        drawn = self.state.first(logits, torch.tensor(slots)).tolist()
+        out = []
+        for sampler, token in zip(self.samplers, drawn):
+            token = sampler.params.stops[0] if sampler.must_stop() else token
+            sampler.emitted(token)
+            out.append(token)
+        return out
+
+
 def test_sampling_is_per_request():
-    logits = torch.randn(1, 2048).repeat(3, 1)
-    a = [RequestSampler(_params(seed=s)) for s in (1, 2, 1)]
-    first = [sample_rows(logits, a) for _ in range(5)]
-    b = [RequestSampler(_params(seed=1))]
-    alone = [sample_rows(logits[:1], b) for _ in range(5)]
-    assert [f[0] for f in first] == [x[0] for x in alone] == [f[2] for f in first]
+    logits = torch.randn(1, 3072).repeat(3, 1)
+    mixed = Rows(*(_params(seed=s) for s in (1, 2, 1)))
+    first = [mixed.first(logits) for _ in range(5)]
+    alone = Rows(_params(seed=1))
+    assert [f[0] for f in first] == [alone.first(logits[:1])[0] for _ in range(5)] == [f[2] for f in first]
+    assert [f[0] for f in first] != [f[1] for f in first]
+
+
+def test_a_frame_draws_its_uniforms_at_once_in_codebook_order():
+    """16 draws a frame from the request's own generator: the stream a draw per codebook would give."""
+    sampler, gen = RequestSampler(_params(seed=9)), torch.Generator().manual_seed(9)
+    for _ in range(3):
+        assert torch.equal(sampler.uniforms(), torch.cat([torch.rand(1, generator=gen) for _ in range(16)]))
+    assert RequestSampler(_params(temperature=0.0)).uniforms() is None
 
 
 def test_greedy_and_top_k_one():
-    logits = torch.randn(2, 2048)
-    greedy = sample_rows(logits, [RequestSampler(_params(temperature=0.0)), RequestSampler(_params(top_k=1))])
-    assert greedy == logits.argmax(-1).tolist()
+    logits = torch.randn(3, 2048)
+    u = torch.rand(3)
+    picked = sample(logits, torch.tensor([0.0, 0.9, 5.0]), torch.tensor([50, 1, 1]), torch.tensor([1.0, 1.0, 0.3]), u)
+    assert picked.tolist() == logits.argmax(-1).tolist()
 
 
-def test_top_p_keeps_the_nucleus():
-    logits = torch.full((1, 2048), -10.0)
-    logits[0, 5], logits[0, 9] = 5.0, 4.0
-    picks = {sample_rows(logits, [RequestSampler(_params(top_p=0.5, seed=s))])[0] for s in range(20)}
-    assert picks == {5}
+def test_top_k_and_top_p_keep_their_nucleus():
+    logits = torch.full((20, 2048), -10.0)
+    logits[:, 5], logits[:, 9], logits[:, 11] = 5.0, 4.0, 3.9
+    u = torch.linspace(0, 0.999, 20)
+    ones = torch.ones(20)
+    assert set(sample(logits, ones, torch.full((20,), 0), torch.full((20,), 0.5), u).tolist()) == {5}
+    assert set(sample(logits, ones, torch.full((20,), 2), ones, u).tolist()) == {5, 9}
+    assert set(sample(logits, ones, torch.full((20,), 3), ones, u).tolist()) == {5, 9, 11}
 
 
 def test_stop_rules():
     logits = torch.full((1, 3072), -5.0)
     logits[0, 2150] = 50.0   # the model wants to stop at once
-    s = RequestSampler(_params(min_tokens=2, temperature=0.0))
-    assert sample_first(logits, [s]) != [2150]       # min_tokens holds it back
-    sample_first(logits, [s])
-    assert sample_first(logits, [s]) == [2150]
-    t = RequestSampler(_params(target_frames=3, temperature=0.0))
-    assert [sample_first(logits, [t])[0] for _ in range(4)][-1] == 2150 and len(t.history) == 3
+    s = Rows(_params(min_tokens=2, temperature=0.0))
+    assert s.first(logits) != [2150]       # min_tokens holds it back
+    s.first(logits)
+    assert s.first(logits) == [2150]
+    t = Rows(_params(target_frames=3, temperature=0.0))
+    assert [t.first(logits)[0] for _ in range(4)][-1] == 2150 and t.samplers[0].frames == 3
+    m = Rows(_params(max_tokens=2, temperature=0.9, min_tokens=0))
+    logits[0, 2150] = -50.0
+    assert [m.first(logits)[0] for _ in range(3)][-1] == 2150 and m.samplers[0].uniforms() is None
 
 
 def test_repetition_penalty_discourages_repeats():
     logits = torch.zeros(1, 3072)
     logits[0, 7], logits[0, 8] = 2.0, 1.95
-    s = RequestSampler(_params(temperature=0.0, repetition_penalty=1.5, min_tokens=0))
-    assert sample_first(logits, [s]) == [7] and sample_first(logits, [s]) == [8]
+    s = Rows(_params(temperature=0.0, repetition_penalty=1.5, min_tokens=0))
+    assert s.first(logits) == [7] and s.first(logits) == [8]
 
 
 def test_handoff_windows():

@@ -1,0 +1,62 @@
+"""One results file for the engine benchmarks (`--json PATH`).
+
+The offline and online scripts each write their own rows into the same file: a row is
+keyed by mode, runner, graph mode and concurrency, a new run replaces the rows it
+measured and keeps the rest, and the header says on which GPU, at which commit, when.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+KEY = ("mode", "runner", "cuda_graph", "concurrency")
+FIELDS = KEY + ("audio_s_per_s", "ttfp_p50_ms", "ttfp_p99_ms", "rtf_mean")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def device_name(platform_name: str | None) -> str:
+    if platform_name == "cuda" or (platform_name is None and torch.cuda.is_available()):
+        return torch.cuda.get_device_name(0)
+    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+def commit() -> str:
+    """The measured commit: LANEKEEPER_COMMIT where the tree travelled without its history, else git's."""
+    if os.environ.get("LANEKEEPER_COMMIT"):
+        return os.environ["LANEKEEPER_COMMIT"]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("-dirty" if dirty else "")
+
+
+def record(path: str, rows: list[dict], platform_name: str | None) -> None:
+    """Merge these rows into the file at path (made if missing)."""
+    for row in rows:
+        missing = [f for f in FIELDS if f not in row]
+        assert not missing, f"benchmark row lacks {missing}: {row}"
+    file = Path(path)
+    doc = json.loads(file.read_text()) if file.exists() else {"rows": []}
+    gpu = device_name(platform_name)
+    if doc.get("gpu") not in (None, gpu):   # another device's figures are not ours to mix in
+        doc = {"rows": []}
+    new = {tuple(r[k] for k in KEY): {f: r[f] for f in FIELDS} for r in rows}
+    kept = [r for r in doc["rows"] if tuple(r[k] for k in KEY) not in new]
+    merged = sorted(kept + list(new.values()), key=lambda r: (r["mode"], r["runner"], r["cuda_graph"], r["concurrency"]))
+    doc = {"gpu": gpu, "commit": commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "rows": merged}
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(json.dumps(doc, indent=2) + "\n")
