@@ -15,15 +15,19 @@ from torch.nn.utils.rnn import pad_sequence
 
 
 def _mask(key_pos: torch.Tensor, q_pos: torch.Tensor, window: int | None = None) -> torch.Tensor:
-    mask = key_pos[None, None, :] <= q_pos[:, :, None]
+    """[B, S, K]: query b, s may see key k.  key_pos is [K] (shared) or [B, K] (a row's own)."""
+    keys = key_pos.view(-1 if key_pos.dim() == 2 else 1, 1, key_pos.shape[-1])
+    mask = keys <= q_pos[:, :, None]
     if window is not None:
-        mask &= key_pos[None, None, :] > q_pos[:, :, None] - window
+        mask &= keys > q_pos[:, :, None] - window
     return mask
 
 
 class CausalView:
+    """Attend within the sequence itself; each row may start at its own position."""
+
     def __init__(self, positions: torch.Tensor, window: int | None = None):
-        self.mask = _mask(positions[0], positions, window)
+        self.mask = _mask(positions, positions, window)
 
     def update(self, layer, k, v):
         return k, v, self.mask

@@ -1,14 +1,16 @@
-"""Stage 1 process: code2wav.  Decodes each handed-off window with left context.
+"""Stage 1 process: code2wav.  Decodes handed-off windows with left context.
 
 A window [start, end) is decoded together with up to codec_left_context_frames
 frames before it, and only the new frames' samples are emitted.  Because the
 decoder's receptive field fits in that context, the stream equals a whole-payload
-decode.
+decode.  The windows waiting in the inbox are decoded in a few batched passes, not
+one pass each: with many streams, that is what keeps stage 1 up with stage 0.
 """
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -19,6 +21,18 @@ from engine.messages import Abort, Decoded, Frames, Ready, Stop
 from engine.request import AudioChunk
 from engine.faults import Injector
 from engine.stage_loop import Heart, device_for, drain, fatal, request_crashed, setup_torch, stall_forever
+
+
+MAX_ROWS = 32   # windows in one codec pass
+
+
+@dataclass
+class Job:
+    """One window to decode: its frames with their left context, where that context starts, its chunk index."""
+    window: Frames
+    codes: np.ndarray
+    context_start: int
+    index: int
 
 
 class Code2Wav:
@@ -45,48 +59,92 @@ class Code2Wav:
         return {"depth": len(self.first_seen), "busy": self.busy, "windows": self.windows}
 
     @torch.no_grad()
-    def decode(self, window: Frames) -> None:
-        """One window.  If it raises, that request fails with the traceback and the stage goes on."""
+    def decode(self, windows: list[Frames], after_each=lambda: None) -> None:
+        """Windows in arrival order, decoded together: one codec pass per length bucket instead of one
+        per window.  Each request's chunks still go out in order, `after_each` runs after each window's,
+        and a window whose handling raises fails its request alone (the batched pass raising fails
+        the requests in it)."""
         self.busy = True
         try:
-            if window.request_id in self.failed:
-                if window.final:
-                    self.failed.discard(window.request_id)
-                return
-            self.faults.raise_at(window.start + len(window.codes), window.request_id)
-            self._decode(window)
-        except Exception:
-            request_crashed(self.out_q, 1, [window.request_id])
-            self.abort(window.request_id)
-            if not window.final:
-                self.failed.add(window.request_id)
+            jobs = [self._job(w) for w in windows]
+            audio = self._decode_jobs([j for j in jobs if j is not None])
+            for window, job in zip(windows, jobs):
+                if job is not None:
+                    self._emit(job, audio.get(id(job)))
+                self.windows += 1
+                self.frames += len(window.codes)
+                after_each()
         finally:
             self.busy = False
-            self.windows += 1
-            self.frames += len(window.codes)
 
-    def _decode(self, window: Frames) -> None:
+    def _job(self, window: Frames) -> "Job | None":
+        """What decoding this window needs, with the request's state moved on; None if it is not decoded."""
         rid = window.request_id
-        self.first_seen.setdefault(rid, time.monotonic())
-        have = self.codes.get(rid, np.zeros((0, window.codes.shape[1]), dtype=np.int64))
-        codes = np.concatenate((have[:window.start], window.codes))
-        ctx = max(0, window.start - self.left_context)
-        if len(window.codes):
-            batch = torch.as_tensor(codes[ctx:], device=self.device)[None]
-            audio = self.codec(batch, first_position=ctx)[0, (window.start - ctx) * SAMPLES_PER_FRAME:]
-            audio = audio.float().cpu().numpy()
-        else:
+        try:
+            if rid in self.failed:
+                if window.final:
+                    self.failed.discard(rid)
+                return None
+            self.faults.raise_at(window.start + len(window.codes), rid)
+            self.first_seen.setdefault(rid, time.monotonic())
+            have = self.codes.get(rid, np.zeros((0, window.codes.shape[1]), dtype=np.int64))
+            codes = np.concatenate((have[:window.start], window.codes))
+            index = self.chunks.get(rid, 0)
+            if window.final:
+                self.codes.pop(rid, None)
+                self.chunks.pop(rid, None)
+            else:
+                self.codes[rid] = codes
+                self.chunks[rid] = index + 1
+            return Job(window, codes[max(0, window.start - self.left_context):], max(0, window.start - self.left_context),
+                       index)
+        except Exception:
+            self._fail(window)
+            return None
+
+    def _decode_jobs(self, jobs: list["Job"]) -> dict[int, np.ndarray]:
+        """Audio of each job's new frames.  Jobs of similar length share a pass, right-padded: the codec
+        is causal, so padding after a row's end changes none of its samples."""
+        out: dict[int, np.ndarray] = {}
+        todo = sorted((j for j in jobs if len(j.window.codes)), key=lambda j: len(j.codes))
+        while todo:
+            limit = 2 * len(todo[0].codes)
+            group = [j for j in todo[:MAX_ROWS] if len(j.codes) <= limit]
+            todo = todo[len(group):]
+            t = len(group[-1].codes)
+            batch = np.zeros((len(group), t, group[0].codes.shape[1]), dtype=np.int64)
+            for b, job in enumerate(group):
+                batch[b, :len(job.codes)] = job.codes
+            try:
+                audio = self.codec(torch.as_tensor(batch, device=self.device),
+                                   first_position=torch.tensor([j.context_start for j in group]))
+                audio = audio.float().cpu().numpy()
+            except Exception:
+                for job in group:
+                    self._fail(job.window)
+                    out[id(job)] = None
+                continue
+            for b, job in enumerate(group):
+                skip = (job.window.start - job.context_start) * SAMPLES_PER_FRAME
+                out[id(job)] = audio[b, skip:len(job.codes) * SAMPLES_PER_FRAME]
+        return out
+
+    def _emit(self, job: "Job", audio: np.ndarray | None) -> None:
+        window, rid = job.window, job.window.request_id
+        if audio is None:
+            if len(window.codes) or rid in self.failed:
+                return   # its pass raised: the request has failed
             audio = np.zeros(0, dtype=np.float32)
-        index = self.chunks.get(rid, 0)
         if window.final:  # timing first: the final chunk completes the request on the other side
             self.finished += 1
-            self.codes.pop(rid, None)
-            self.chunks.pop(rid, None)
             self.out_q.put(Decoded(rid, time.monotonic() - self.first_seen.pop(rid)))
-        self.out_q.put(AudioChunk(rid, index, audio, window.final))
+        self.out_q.put(AudioChunk(rid, job.index, audio, window.final))
+
+    def _fail(self, window: Frames) -> None:
+        request_crashed(self.out_q, 1, [window.request_id])
+        self.abort(window.request_id)
         if not window.final:
-            self.codes[rid] = codes
-            self.chunks[rid] = index + 1
+            self.failed.add(window.request_id)
 
     def abort(self, request_id: str) -> None:
         self.failed.discard(request_id)
@@ -102,19 +160,28 @@ def run(profile, queues, parent_pid: int, faults=()) -> None:
         worker = Code2Wav(profile, out_q, faults)
         out_q.put(Ready(1))
         Heart(out_q, 1, profile.config.watchdog.heartbeat_interval_s, worker.stats, parent_pid).start()
+        def check_faults() -> None:
+            if worker.faults.should_die(worker.finished, worker.frames):
+                os._exit(1)
+            if worker.faults.stalled(worker.windows):
+                stall_forever()
+
         while True:
+            check_faults()
+            pending: list[Frames] = []   # decoded together, up to the next message that is not a window
             for msg in drain(handoff_q, block=True, parent_pid=parent_pid):
-                if worker.faults.stalled(worker.windows):
-                    stall_forever()
                 match msg:
                     case Frames():
-                        worker.decode(msg)
-                        if worker.faults.should_die(worker.finished, worker.frames):
-                            os._exit(1)
+                        pending.append(msg)
+                        continue
+                worker.decode(pending, check_faults)
+                pending = []
+                match msg:
                     case Abort(request_id):
                         worker.abort(request_id)
                     case Stop():
                         return
+            worker.decode(pending, check_faults)
     except SystemExit:
         raise
     except BaseException:

@@ -60,9 +60,13 @@ class CodecDecoder(nn.Module):
         self.out = CausalConv(cin, 1)
 
     @torch.no_grad()
-    def forward(self, codes: torch.Tensor, first_position: int = 0) -> torch.Tensor:
-        """codes [B, T, 16] -> audio [B, T * 1920]; positions start at first_position (rotary is relative)."""
+    def forward(self, codes: torch.Tensor, first_position: int | torch.Tensor = 0) -> torch.Tensor:
+        """codes [B, T, 16] -> audio [B, T * 1920]; row b's positions start at first_position (one int, or
+        one per row: rotary is relative).  Everything is causal, so frames padded on after a row's end
+        change none of its samples."""
         b, t, _ = codes.shape
+        if isinstance(first_position, torch.Tensor):
+            first_position = first_position.to(codes.device)[:, None]
         x = self.embeds[torch.arange(CODEBOOKS, device=codes.device), codes].sum(2)   # [B, T, h]
         x = x.to(self.pre_conv.conv.weight.dtype)
         x = x + self.pre_conv(x.transpose(1, 2)).transpose(1, 2)
