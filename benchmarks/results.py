@@ -60,3 +60,20 @@ def record(path: str, rows: list[dict], platform_name: str | None) -> None:
            "rows": merged}
     file.parent.mkdir(parents=True, exist_ok=True)
     file.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def table(doc: dict) -> str:
+    """The rows as the README shows them."""
+    lines = [f"{doc['gpu']}, commit {doc['commit'][:12]}, {doc['date']}", "",
+             "| mode | runner | graphs | concurrency | audio-s/s | TTFP p50 ms | TTFP p99 ms | mean RTF |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in doc["rows"]:
+        lines.append(f"| {r['mode']} | {r['runner']} | {r['cuda_graph']} | {r['concurrency']} | "
+                     f"{r['audio_s_per_s']:.1f} | {r['ttfp_p50_ms']:.0f} | {r['ttfp_p99_ms']:.0f} | {r['rtf_mean']:.2f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(table(json.loads(Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/h200.json").read_text())))

@@ -13,12 +13,12 @@ whenever graphs are on, under either runner.
 """
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from engine.graphs import GraphPool, padded
 from engine.kv_cache import CausalView, DynamicView, RequestKV, StaticKV
 from engine.presets import CODEBOOKS
 from engine.sampling import RequestSampler, SlotSampling
@@ -38,37 +38,6 @@ class Sequence:
     @property
     def request_id(self) -> str:
         return self.request.request_id
-
-
-class GraphPool:
-    """Runs `fn(*key)` for padded shapes; on CUDA each key is captured once and replayed."""
-
-    def __init__(self, fn, keys: list[tuple], device: torch.device):
-        self.fn = fn
-        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, object]] = {}
-        if device.type == "cuda":
-            pool = None
-            for key in sorted(keys, reverse=True):   # largest first, so the smaller ones fit in its pool
-                fn(*key)  # warm-up on a side stream is what torch.cuda.graph expects first
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    out = fn(*key)
-                pool = graph.pool()
-                self.graphs[key] = (graph, out)
-            torch.cuda.synchronize()
-
-    def __call__(self, *key):
-        if key in self.graphs:
-            graph, out = self.graphs[key]
-            graph.replay()
-            return out
-        return self.fn(*key)
-
-
-def padded(sizes: list[int], n: int) -> int | None:
-    """The smallest captured size that holds n, or None past the largest."""
-    i = bisect.bisect_left(sizes, n)
-    return sizes[i] if i < len(sizes) else None
 
 
 class ModelRunner:

@@ -70,7 +70,8 @@ class TalkerStage(_Strict):
 
 
 class Code2WavStage(_Strict):
-    """Stage 1: decodes each handed-off window on its device; it has no batch, cache or graphs to tune."""
+    """Stage 1: decodes the handed-off windows on its device, batched, with CUDA graphs when stage 0 has
+    them (stages.0.enforce_eager is the engine's graph mode); it has nothing of its own to tune."""
 
     stage_id: Literal[1]
     name: str | None = None

@@ -15,15 +15,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine.graphs import GraphPool, padded
 from engine.models import build_models
-from engine.presets import SAMPLES_PER_FRAME
+from engine.presets import CODEBOOKS, SAMPLES_PER_FRAME
 from engine.messages import Abort, Decoded, Frames, Ready, Stop
 from engine.request import AudioChunk
 from engine.faults import Injector
 from engine.stage_loop import Heart, device_for, drain, fatal, request_crashed, setup_torch, stall_forever
 
 
-MAX_ROWS = 32   # windows in one codec pass
+MAX_ROWS = 32                      # windows in one codec pass
+ROWS = [1, 2, 4, 8, 16, MAX_ROWS]  # on CUDA, passes are captured for these row counts...
+LENGTHS = [32, 64, 128]            # ...and frame lengths (a streamed window with its context fits 128)
 
 
 @dataclass
@@ -49,6 +52,12 @@ class Code2Wav:
         if self.codec.shape.receptive_field > self.left_context:
             print(f"code2wav: left context {self.left_context} < receptive field "
                   f"{self.codec.shape.receptive_field}; chunk edges will differ from a whole decode", flush=True)
+        self.pool = None
+        if self.device.type == "cuda" and not profile.stage(0).enforce_eager:   # the engine's graph mode
+            self.codes_in = torch.zeros(ROWS[-1], LENGTHS[-1], CODEBOOKS, dtype=torch.long, device=self.device)
+            self.first_in = torch.zeros(ROWS[-1], dtype=torch.long, device=self.device)
+            self.pool = GraphPool(lambda rows, t: self.codec(self.codes_in[:rows, :t], first_position=self.first_in[:rows]),
+                                  [(rows, t) for rows in ROWS for t in LENGTHS], self.device)
         self.out_q = out_q
         self.codes: dict[str, np.ndarray] = {}
         self.chunks: dict[str, int] = {}
@@ -108,17 +117,13 @@ class Code2Wav:
         out: dict[int, np.ndarray] = {}
         todo = sorted((j for j in jobs if len(j.window.codes)), key=lambda j: len(j.codes))
         while todo:
-            limit = 2 * len(todo[0].codes)
+            limit = padded(LENGTHS, len(todo[0].codes)) if self.pool else None
+            limit = limit or 2 * len(todo[0].codes)
             group = [j for j in todo[:MAX_ROWS] if len(j.codes) <= limit]
             todo = todo[len(group):]
-            t = len(group[-1].codes)
-            batch = np.zeros((len(group), t, group[0].codes.shape[1]), dtype=np.int64)
-            for b, job in enumerate(group):
-                batch[b, :len(job.codes)] = job.codes
+            t = limit if self.pool and limit in LENGTHS else len(group[-1].codes)
             try:
-                audio = self.codec(torch.as_tensor(batch, device=self.device),
-                                   first_position=torch.tensor([j.context_start for j in group]))
-                audio = audio.float().cpu().numpy()
+                audio = self._codec_pass([j.codes for j in group], [j.context_start for j in group], t)
             except Exception:
                 for job in group:
                     self._fail(job.window)
@@ -128,6 +133,23 @@ class Code2Wav:
                 skip = (job.window.start - job.context_start) * SAMPLES_PER_FRAME
                 out[id(job)] = audio[b, skip:len(job.codes) * SAMPLES_PER_FRAME]
         return out
+
+    def _codec_pass(self, codes: list[np.ndarray], starts: list[int], t: int) -> np.ndarray:
+        """Audio [rows, t * 1920] for these frame arrays, right-padded to t: a captured graph's replay
+        when one fits (rows padded to a captured count), else an eager pass."""
+        rows = padded(ROWS, len(codes)) if self.pool and t in LENGTHS else None
+        batch = np.zeros((rows or len(codes), t, codes[0].shape[1]), dtype=np.int64)
+        for b, c in enumerate(codes):
+            batch[b, :len(c)] = c
+        first = torch.zeros(len(batch), dtype=torch.long)
+        first[:len(starts)] = torch.tensor(starts)
+        if rows:
+            self.codes_in[:rows, :t].copy_(torch.as_tensor(batch))
+            self.first_in[:rows].copy_(first)
+            audio = self.pool(rows, t)
+        else:
+            audio = self.codec(torch.as_tensor(batch, device=self.device), first_position=first)
+        return audio[:len(codes)].float().cpu().numpy()
 
     def _emit(self, job: "Job", audio: np.ndarray | None) -> None:
         window, rid = job.window, job.window.request_id

@@ -37,6 +37,21 @@ def test_chunked_decode_equals_whole(codec, split):
     assert (torch.cat(pieces, 1) - whole).abs().max() < 1e-5
 
 
+def test_a_right_padded_batch_decodes_each_row_as_alone(codec):
+    """Stage 1 batches windows of different lengths and starts, padded on the right (and, on CUDA, to
+    a captured row count): each row's samples are what decoding it alone gives."""
+    lengths, starts = (1, 26, 97, 40), (0, 0, 5, 30)
+    codes = [torch.randint(0, 2048, (n, 16)) for n in lengths]
+    batch = torch.zeros(8, 128, 16, dtype=torch.long)
+    for b, c in enumerate(codes):
+        batch[b, :len(c)] = c
+    first = torch.tensor(list(starts) + [0] * 4)
+    together = codec(batch, first_position=first)
+    for b, (c, start) in enumerate(zip(codes, starts)):
+        alone = codec(c[None], first_position=start)[0]
+        assert (together[b, :len(c) * SAMPLES_PER_FRAME] - alone).abs().max() < 1e-5, b
+
+
 def test_receptive_field_fits_left_context():
     for preset in PRESETS.values():
         assert preset.codec.receptive_field <= 72, preset.name

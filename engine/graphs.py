@@ -1,0 +1,39 @@
+"""CUDA graphs for fixed shapes: capture a function once per key (batch size, length bucket) and
+replay it.  Stage 0 captures whole frame steps and the code predictor; stage 1 the codec.
+Elsewhere than on CUDA the function simply runs."""
+from __future__ import annotations
+
+import bisect
+
+import torch
+
+
+class GraphPool:
+    """Runs `fn(*key)` for padded shapes; on CUDA each key is captured once and replayed."""
+
+    def __init__(self, fn, keys: list[tuple], device: torch.device):
+        self.fn = fn
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, object]] = {}
+        if device.type == "cuda":
+            pool = None
+            for key in sorted(keys, reverse=True):   # largest first, so the smaller ones fit in its pool
+                fn(*key)  # warm-up on a side stream is what torch.cuda.graph expects first
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    out = fn(*key)
+                pool = graph.pool()
+                self.graphs[key] = (graph, out)
+            torch.cuda.synchronize()
+
+    def __call__(self, *key):
+        if key in self.graphs:
+            graph, out = self.graphs[key]
+            graph.replay()
+            return out
+        return self.fn(*key)
+
+
+def padded(sizes: list[int], n: int) -> int | None:
+    """The smallest captured size that holds n, or None past the largest."""
+    i = bisect.bisect_left(sizes, n)
+    return sizes[i] if i < len(sizes) else None
