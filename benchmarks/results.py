@@ -47,7 +47,8 @@ def record(path: str, rows: list[dict], platform_name: str | None) -> None:
     """Merge these rows into the file at path (made if missing)."""
     for row in rows:
         missing = [f for f in FIELDS if f not in row]
-        assert not missing, f"benchmark row lacks {missing}: {row}"
+        if missing:
+            raise ValueError(f"benchmark row lacks {', '.join(missing)}: {row}")
     file = Path(path)
     doc = json.loads(file.read_text()) if file.exists() else {"rows": []}
     gpu = device_name(platform_name)

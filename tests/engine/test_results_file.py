@@ -1,0 +1,48 @@
+"""The benchmark results file: merged by the scripts that measure, and complete where it is committed."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("benchmark_results", ROOT / "benchmarks" / "results.py")
+results = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(results)
+
+
+def _row(mode="online", runner="v2", concurrency=1, value=1.0):
+    return {"mode": mode, "runner": runner, "cuda_graph": "on", "concurrency": concurrency,
+            "audio_s_per_s": value, "ttfp_p50_ms": 10.0, "ttfp_p99_ms": 20.0, "rtf_mean": 0.5, "requests": 8}
+
+
+def test_a_run_replaces_the_rows_it_measured_and_keeps_the_rest(tmp_path, monkeypatch):
+    monkeypatch.setenv("LANEKEEPER_COMMIT", "abc123")
+    path = tmp_path / "r.json"
+    results.record(str(path), [_row(), _row(concurrency=64)], "cpu")
+    results.record(str(path), [_row(value=2.0), _row(mode="offline", concurrency=64)], "cpu")
+    doc = json.loads(path.read_text())
+    assert doc["commit"] == "abc123" and doc["gpu"].startswith("cpu") and doc["date"]
+    keys = {(r["mode"], r["concurrency"]): r for r in doc["rows"]}
+    assert set(keys) == {("online", 1), ("online", 64), ("offline", 64)}
+    assert keys[("online", 1)]["audio_s_per_s"] == 2.0 and "requests" not in keys[("online", 1)]
+    assert "abc123" in results.table(doc)
+
+
+def test_a_row_without_a_field_is_refused_by_name(tmp_path):
+    row = _row()
+    del row["rtf_mean"]
+    with pytest.raises(ValueError, match="lacks rtf_mean"):
+        results.record(str(tmp_path / "r.json"), [row], "cpu")
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_the_committed_h200_file_has_every_required_row():
+    doc = json.loads((ROOT / "benchmarks" / "results" / "h200.json").read_text())
+    assert "H200" in doc["gpu"] and len(doc["commit"]) >= 7
+    have = {(r["mode"], r["runner"], r["concurrency"]) for r in doc["rows"]}
+    for runner in ("v1", "v2"):
+        for c in (1, 64, 128):
+            assert ("online", runner, c) in have, (runner, c)
+    for r in doc["rows"]:
+        assert set(results.FIELDS) <= set(r) and r["audio_s_per_s"] > 0
