@@ -43,21 +43,29 @@ class SamplingParams:
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-           u: torch.Tensor) -> torch.Tensor:
+           u: torch.Tensor, kmax: int | None = None, nucleus: bool = True) -> torch.Tensor:
     """One token per row.  A row with temperature 0 takes the argmax; the others keep their top-k and
     top-p nucleus and draw by inverse CDF with their own uniform u.  Shapes stay fixed and nothing
-    is read back to the host, so this runs inside a CUDA graph."""
+    is read back to the host, so this runs inside a CUDA graph.
+
+    Uncaptured, the caller may say what the rows need: `kmax`, the largest top-k among them, and
+    `nucleus=False` when none has top_p < 1.  Then a top-kmax replaces the full sort and the nucleus
+    step is skipped, for the same tokens."""
     x = logits.float()
     greedy = x.argmax(-1)
     vocab = x.shape[-1]
     x = x / temperature.clamp(min=1e-5)[:, None]
-    ordered, order = x.sort(-1, descending=True)
     k = torch.where((top_k > 0) & (top_k < vocab), top_k, vocab)
-    x = x.masked_fill(x < ordered.gather(1, (k - 1)[:, None]), float("-inf"))
+    if nucleus or kmax is None:
+        ordered, order = x.sort(-1, descending=True)
+    else:
+        ordered = x.topk(min(kmax, vocab), -1).values
+    x = x.masked_fill(x < ordered.gather(1, (k - 1).clamp(max=ordered.shape[1] - 1)[:, None]), float("-inf"))
     probs = x.softmax(-1)
-    ordered_p = probs.gather(1, order)
-    drop = ((ordered_p.cumsum(-1) - ordered_p) > top_p[:, None]) & (top_p < 1.0)[:, None]
-    probs = torch.zeros_like(probs).scatter(1, order, ordered_p.masked_fill(drop, 0.0))
+    if nucleus:
+        ordered_p = probs.gather(1, order)
+        drop = ((ordered_p.cumsum(-1) - ordered_p) > top_p[:, None]) & (top_p < 1.0)[:, None]
+        probs = torch.zeros_like(probs).scatter(1, order, ordered_p.masked_fill(drop, 0.0))
     cdf = probs.cumsum(-1)
     picked = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).clamp(max=vocab - 1)[:, 0]
     return torch.where(temperature > 0, picked, greedy)
@@ -111,6 +119,7 @@ class SlotSampling:
         pin = device.type == "cuda"
         self.host_u = torch.zeros(slots, CODEBOOKS, pin_memory=pin)
         self.may_stop: dict[int, bool] = {}
+        self.host: dict[int, tuple[int, float]] = {}   # slot -> (top_k, top_p) of the request in it
         self.true = torch.ones((), dtype=torch.bool, device=device)
 
     def admit(self, slot: int, sampler: RequestSampler) -> None:
@@ -118,11 +127,13 @@ class SlotSampling:
         self.temperature[slot], self.top_k[slot] = p.temperature, p.top_k
         self.top_p[slot], self.penalty[slot] = p.top_p, p.repetition_penalty
         self.seen[slot] = False
+        self.host[slot] = (p.top_k, p.top_p) if p.temperature > 0 else (1, 1.0)
         self._set_stops(slot, sampler)
 
     def release(self, slot: int) -> None:
         self.temperature[slot] = 0.0
         self.may_stop.pop(slot, None)
+        self.host.pop(slot, None)
 
     def _set_stops(self, slot: int, sampler: RequestSampler) -> None:
         bias = torch.full((CODEC_VOCAB,), float("-inf"))
@@ -152,4 +163,10 @@ class SlotSampling:
         return token
 
     def draw(self, logits: torch.Tensor, rows: torch.Tensor, codebook: int) -> torch.Tensor:
-        return sample(logits, self.temperature[rows], self.top_k[rows], self.top_p[rows], self.u[rows, codebook])
+        hints = {}
+        if not (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            # Eager: what the admitted requests need, from the host's copy (a graph must serve any of them).
+            ks = [k if 0 < k < logits.shape[-1] else logits.shape[-1] for k, _ in self.host.values()]
+            hints = {"kmax": max(ks, default=1), "nucleus": any(p < 1.0 for _, p in self.host.values())}
+        return sample(logits, self.temperature[rows], self.top_k[rows], self.top_p[rows], self.u[rows, codebook],
+                      **hints)

@@ -125,6 +125,15 @@ def test_top_k_and_top_p_keep_their_nucleus():
     assert set(sample(logits, ones, torch.full((20,), 3), ones, u).tolist()) == {5, 9, 11}
 
 
+def test_eager_hints_change_no_token():
+    """Uncaptured, a top-kmax replaces the full sort and the nucleus step is skipped: same tokens."""
+    torch.manual_seed(0)
+    logits, u, temp, top_p = torch.randn(6, 2048) * 3, torch.rand(6), torch.full((6,), 0.9), torch.ones(6)
+    for top_k, kmax in ((torch.tensor([50, 5, 7, 50, 1, 50]), 50), (torch.tensor([50, 5, 0, 2048, 1, 9]), 2048)):
+        full = sample(logits, temp, top_k, top_p, u)
+        assert torch.equal(full, sample(logits, temp, top_k, top_p, u, kmax=kmax, nucleus=False))
+
+
 def test_stop_rules():
     logits = torch.full((1, 3072), -5.0)
     logits[0, 2150] = 50.0   # the model wants to stop at once
