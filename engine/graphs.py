@@ -7,6 +7,14 @@ import bisect
 
 import torch
 
+_capturing = False
+
+
+def capturing() -> bool:
+    """Whether a GraphPool is warming up or capturing: code inside must serve every input the graph
+    will see, not only today's."""
+    return _capturing
+
 
 class GraphPool:
     """Runs `fn(*key)` for padded shapes; on CUDA each key is captured once and replayed."""
@@ -15,14 +23,19 @@ class GraphPool:
         self.fn = fn
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, object]] = {}
         if device.type == "cuda":
+            global _capturing
             pool = None
-            for key in sorted(keys, reverse=True):   # largest first, so the smaller ones fit in its pool
-                fn(*key)  # warm-up on a side stream is what torch.cuda.graph expects first
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    out = fn(*key)
-                pool = graph.pool()
-                self.graphs[key] = (graph, out)
+            _capturing = True
+            try:
+                for key in sorted(keys, reverse=True):   # largest first, so the smaller ones fit in its pool
+                    fn(*key)  # a warm-up run of exactly what is captured next
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool):
+                        out = fn(*key)
+                    pool = graph.pool()
+                    self.graphs[key] = (graph, out)
+            finally:
+                _capturing = False
             torch.cuda.synchronize()
 
     def __call__(self, *key):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.graphs import capturing
 from engine.presets import CODEBOOK_SIZE, CODEBOOKS, CODEC_VOCAB, CODEC_EOS
 
 
@@ -164,7 +165,7 @@ class SlotSampling:
 
     def draw(self, logits: torch.Tensor, rows: torch.Tensor, codebook: int) -> torch.Tensor:
         hints = {}
-        if not (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        if not capturing():
             # Eager: what the admitted requests need, from the host's copy (a graph must serve any of them).
             ks = [k if 0 < k < logits.shape[-1] else logits.shape[-1] for k, _ in self.host.values()]
             hints = {"kmax": max(ks, default=1), "nucleus": any(p < 1.0 for _, p in self.host.values())}
