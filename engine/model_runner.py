@@ -264,6 +264,5 @@ def _buckets(kv_len: int) -> list[int]:
     return out + [kv_len]
 
 
-
 def make_runner(name: str, models, stage_cfg, device, graphs: bool, max_len: int) -> ModelRunner:
     return {"v1": V1Runner, "v2": V2Runner}[name](models, stage_cfg, device, graphs, max_len)

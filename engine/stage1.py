@@ -105,8 +105,8 @@ class Code2Wav:
             else:
                 self.codes[rid] = codes
                 self.chunks[rid] = index + 1
-            return Job(window, codes[max(0, window.start - self.left_context):], max(0, window.start - self.left_context),
-                       index)
+            context_start = max(0, window.start - self.left_context)
+            return Job(window, codes[context_start:], context_start, index)
         except Exception:
             self._fail(window)
             return None
@@ -117,11 +117,11 @@ class Code2Wav:
         out: dict[int, np.ndarray] = {}
         todo = sorted((j for j in jobs if len(j.window.codes)), key=lambda j: len(j.codes))
         while todo:
-            limit = padded(LENGTHS, len(todo[0].codes)) if self.pool else None
-            limit = limit or 2 * len(todo[0].codes)
+            bucket = padded(LENGTHS, len(todo[0].codes)) if self.pool else None   # a captured length
+            limit = bucket or 2 * len(todo[0].codes)
             group = [j for j in todo[:MAX_ROWS] if len(j.codes) <= limit]
             todo = todo[len(group):]
-            t = limit if self.pool and limit in LENGTHS else len(group[-1].codes)
+            t = bucket or len(group[-1].codes)
             try:
                 audio = self._codec_pass([j.codes for j in group], [j.context_start for j in group], t)
             except Exception:
