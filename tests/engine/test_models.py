@@ -222,3 +222,30 @@ def test_request_validation(kw, param):
     with pytest.raises(RequestError) as err:
         SpeechRequest(**kw).validate()
     assert err.value.param == param
+
+
+def test_v2_fits_its_kv_cache_to_the_budget_and_refuses_only_what_does_not_fit():
+    import psutil
+    from tests.helpers.reference import Inbox
+    from engine.messages import StageError
+    from engine.model_runner import CapacityError
+    from engine.torch_talker import TorchTalker
+
+    tiny = PRESETS["tiny"].talker
+    per_position = 2 * tiny.layers * tiny.kv_heads * tiny.head_dim * 4   # float32 K and V
+    util = 64 * 600 * per_position / psutil.virtual_memory().total        # room for about 600 positions a slot
+    out = Inbox()
+    talker = TorchTalker(resolve("qwen3_tts", platform="cpu", overrides=[f"stages.0.gpu_memory_utilization={util}"]),
+                         Inbox(), out)
+    assert talker.runner.capacity == 512 and talker.info()["kv_positions"] == 512
+    talker.add(SpeechRequest("x" * 700, seed=1))
+    (refused,) = out
+    assert isinstance(refused, StageError) and "512 positions of KV cache" in refused.message \
+        and "stages.0.max_model_len=4096" in refused.message
+    talker.add(SpeechRequest("short enough", seed=1, temperature=0.0))
+    while talker.busy:
+        talker.step()
+    assert len(out) == 2 and out[-1].codes.shape[1] == 16
+    with pytest.raises(CapacityError, match="lower stages.0.max_num_seqs"):
+        TorchTalker(resolve("qwen3_tts", platform="cpu", overrides=["stages.0.gpu_memory_utilization=1e-9"]),
+                    Inbox(), Inbox())
