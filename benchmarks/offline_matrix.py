@@ -89,6 +89,7 @@ def main() -> None:
               f"{row['frames']} | {row['frames_per_s']:.0f} | {row['audio_s_per_s']:.1f} | "
               f"{row['ttfp_p50_ms']:.0f} | {row['rtf_mean']:.2f} |", flush=True)
     if args.json:
+        # The results file's rows are the built-in engine's (its key has no backend); vLLM cells are printed only.
         record(args.json, [r for r in rows if r["cell"].split("-")[0] != "vllm"], args.platform)
 
 

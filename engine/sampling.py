@@ -121,6 +121,8 @@ class SlotSampling:
         self.host_u = torch.zeros(slots, CODEBOOKS, pin_memory=pin)
         self.may_stop: dict[int, bool] = {}
         self.host: dict[int, tuple[int, float]] = {}   # slot -> (top_k, top_p) of the request in it
+        self.max_k: int | None = 1      # the largest top-k admitted, None for the whole vocabulary
+        self.nucleus = False            # whether any admitted request has top_p < 1
         self.true = torch.ones((), dtype=torch.bool, device=device)
 
     def admit(self, slot: int, sampler: RequestSampler) -> None:
@@ -129,12 +131,20 @@ class SlotSampling:
         self.top_p[slot], self.penalty[slot] = p.top_p, p.repetition_penalty
         self.seen[slot] = False
         self.host[slot] = (p.top_k, p.top_p) if p.temperature > 0 else (1, 1.0)
+        self._needs()
         self._set_stops(slot, sampler)
 
     def release(self, slot: int) -> None:
         self.temperature[slot] = 0.0
         self.may_stop.pop(slot, None)
         self.host.pop(slot, None)
+        self._needs()
+
+    def _needs(self) -> None:
+        """What the admitted requests need of an uncaptured draw; it changes only on admit and release."""
+        ks = [k for k, _ in self.host.values()]
+        self.max_k = None if any(k <= 0 for k in ks) else max(ks, default=1)
+        self.nucleus = any(p < 1.0 for _, p in self.host.values())
 
     def _set_stops(self, slot: int, sampler: RequestSampler) -> None:
         bias = torch.full((CODEC_VOCAB,), float("-inf"))
@@ -165,9 +175,8 @@ class SlotSampling:
 
     def draw(self, logits: torch.Tensor, rows: torch.Tensor, codebook: int) -> torch.Tensor:
         hints = {}
-        if not capturing():
-            # Eager: what the admitted requests need, from the host's copy (a graph must serve any of them).
-            ks = [k if 0 < k < logits.shape[-1] else logits.shape[-1] for k, _ in self.host.values()]
-            hints = {"kmax": max(ks, default=1), "nucleus": any(p < 1.0 for _, p in self.host.values())}
+        if not capturing():   # eager: only what the admitted requests need (a graph must serve any of them)
+            vocab = logits.shape[-1]
+            hints = {"kmax": vocab if self.max_k is None else min(self.max_k, vocab), "nucleus": self.nucleus}
         return sample(logits, self.temperature[rows], self.top_k[rows], self.top_p[rows], self.u[rows, codebook],
                       **hints)
