@@ -142,7 +142,9 @@ def test_vllm_lane_installs_and_runs_the_vllm_backend(capsys):
     assert "-m pytest tests/e2e/offline tests/e2e/online -m merge_only" in capsys.readouterr().out
     args = lane.pytest_args("out")
     assert args[args.index("--backend"):][:2] == ["--backend", "vllm"] and args[-2:] == ["-n", "2"]
-    assert lane.env == {"VLLM_CPU_KVCACHE_SPACE": "1"}   # four engines' KV caches fit in memory
+    assert lane.env["VLLM_CPU_KVCACHE_SPACE"] == "1"   # four engines' KV caches fit in memory
+    # vLLM in the stage-0 process, its threads not pinned to one core
+    assert lane.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and lane.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     steps = {s["key"]: s for s in pipelines.buildkite(lanes.load(), MAIN)["steps"]}
     assert steps["vllm"]["command"].startswith(lane.ci_install + " && ")
     assert f"--extra-index-url {lanes.CPU_TORCH_INDEX}" in lane.ci_install   # the CPU torch on a CI host
