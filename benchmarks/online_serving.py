@@ -4,7 +4,8 @@
 
 Starts `lanekeeper serve` for each runner and reports, as vllm-omni's `bench serve`
 does: TTFP (time to the first non-empty audio chunk) p50/p99, audio seconds produced
-per wall second, and mean RTF (latency / audio duration).  Prints a Markdown table.
+per wall second, and mean RTF (latency / audio duration).  Prints a Markdown table, then
+where each stage's time went at each level, from the server's /metrics.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import statistics
 import time
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from ci.remote_server import RemoteServer
 from results import percentile, record   # this script's folder is on sys.path when run
@@ -54,6 +56,30 @@ async def run_level(url, concurrency, requests):
             "rtf_mean": statistics.mean(r[1] / r[2] for r in rows)}
 
 
+PARTS = [("0", "decode"), ("0", "admit"), ("0", "readback"), ("0", "handoff"), ("1", "decode")]
+
+
+def stage_counters(base_url: str) -> dict:
+    """The server's per-stage loop seconds and stage 1's windows and passes, as /metrics has them now."""
+    out = {}
+    for family in text_string_to_metric_families(httpx.get(base_url + "/metrics", timeout=30).text):
+        for s in family.samples:
+            if s.name == "lanekeeper_stage_seconds":
+                out[(s.labels["stage"], s.labels["part"])] = s.value
+            elif s.name in ("lanekeeper_code2wav_windows", "lanekeeper_code2wav_passes"):
+                out[s.name] = s.value
+    return out
+
+
+def breakdown(before: dict, after: dict, wall: float) -> str:
+    """One table row: each part's share of the level's wall time, and stage 1's windows per pass."""
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    shares = [100 * delta.get(p, 0) / wall for p in PARTS]
+    passes = delta.get("lanekeeper_code2wav_passes", 0)
+    per_pass = delta.get("lanekeeper_code2wav_windows", 0) / passes if passes else 0
+    return " | ".join(f"{s:.0f} %" for s in shares) + f" | {per_pass:.1f} |"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runner", action="append")
@@ -63,7 +89,7 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--json", help="also merge the rows into this results file (benchmarks/results.py)")
     args = ap.parse_args()
-    rows = []
+    rows, where = [], []
     print("| runner | concurrency | requests | audio-s/s | TTFP p50 ms | TTFP p99 ms | mean RTF |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for runner in args.runner or ["v1", "v2"]:
@@ -75,10 +101,17 @@ def main() -> None:
             url = srv.url + "/v1/audio/speech"
             asyncio.run(run_level(url, 2, 4))   # warm-up
             for c in args.concurrency:
+                before, t0 = stage_counters(srv.url), time.perf_counter()
                 row = asyncio.run(run_level(url, c, max(8, 2 * c)))
+                time.sleep(1.5)   # one more heartbeat, so the counters cover the level's end
+                where.append(f"| {runner} | {c} | " + breakdown(before, stage_counters(srv.url), time.perf_counter() - t0))
                 rows.append({**row, "mode": "online", "runner": runner, "cuda_graph": args.cuda_graph, "concurrency": c})
                 print(f"| {runner} | {c} | {row['requests']} | {row['audio_s_per_s']:.1f} | {row['ttfp_p50_ms']:.0f} | "
                       f"{row['ttfp_p99_ms']:.0f} | {row['rtf_mean']:.2f} |", flush=True)
+    print("\nWhere the stages' time went (share of each level's wall time):\n")
+    print("| runner | concurrency | stage 0 decode | admit | readback | handoff | stage 1 decode | windows per pass |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n".join(where))
     if args.json:
         record(args.json, rows, args.platform)
 

@@ -26,6 +26,13 @@ class Metrics:
         self.in_flight = Gauge("lanekeeper_requests_in_flight", "Requests being served", registry=self.registry)
         self.queue_depth = Gauge("lanekeeper_stage_queue_depth", "Requests waiting or running per stage",
                                  ["stage"], registry=self.registry)
+        self.stage_seconds = Gauge("lanekeeper_stage_seconds", "Seconds each stage of the current engine has "
+                                   "spent in each part of its loop (stage 0: decode, admit, readback, handoff; "
+                                   "stage 1: decode)", ["stage", "part"], registry=self.registry)
+        self.code2wav_windows = Gauge("lanekeeper_code2wav_windows", "Windows the current engine's stage 1 has "
+                                      "decoded", registry=self.registry)
+        self.code2wav_passes = Gauge("lanekeeper_code2wav_passes", "Codec passes those windows took: windows per "
+                                     "pass is how well stage 1 batches", registry=self.registry)
         for status in ("success", "error", "cancelled", "rejected"):
             self.requests.labels(status=status)
 

@@ -97,6 +97,12 @@ class Service:
         if engine is not None and not engine.closed:
             for stage, depth in engine.queue_depths().items():
                 self.metrics.queue_depth.labels(stage=str(stage)).set(depth)
+            for stage, (_, stats) in sorted(engine.beats.items()):
+                for part, seconds in stats.get("seconds", {}).items():
+                    self.metrics.stage_seconds.labels(stage=str(stage), part=part).set(seconds)
+                if stage == 1:
+                    self.metrics.code2wav_windows.set(stats.get("windows", 0))
+                    self.metrics.code2wav_passes.set(stats.get("passes", 0))
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def speech(self, request: Request):

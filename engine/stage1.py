@@ -21,7 +21,7 @@ from engine.presets import CODEBOOKS, SAMPLES_PER_FRAME
 from engine.messages import Abort, Decoded, Frames, Ready, Stop
 from engine.request import AudioChunk
 from engine.faults import Injector
-from engine.stage_loop import Heart, device_for, drain, fatal, request_crashed, setup_torch, stall_forever
+from engine.stage_loop import Clock, Heart, device_for, drain, fatal, request_crashed, setup_torch, stall_forever
 
 
 MAX_ROWS = 32                      # windows in one codec pass
@@ -43,7 +43,9 @@ class Code2Wav:
         cfg = profile.config
         self.faults = Injector(list(faults), 1)
         self.finished = self.frames = self.windows = 0
+        self.passes = 0   # codec passes: windows / passes is how well stage 1 batches
         self.busy = False
+        self.clock = Clock("decode")
         self.stage = profile.stage(1)
         self.device = device_for(profile, self.stage)
         self.codec = build_models(cfg.model.preset, cfg.model.seed, cfg.model.checkpoint, cfg.model.dtype,
@@ -65,7 +67,8 @@ class Code2Wav:
         self.failed: set[str] = set()   # requests whose decode raised: their later windows are dropped
 
     def stats(self) -> dict:
-        return {"depth": len(self.first_seen), "busy": self.busy, "windows": self.windows}
+        return {"depth": len(self.first_seen), "busy": self.busy, "windows": self.windows, "passes": self.passes,
+                "seconds": dict(self.clock.seconds)}
 
     @torch.no_grad()
     def decode(self, windows: list[Frames], after_each=lambda: None) -> None:
@@ -73,16 +76,19 @@ class Code2Wav:
         per window.  Each request's chunks still go out in order, `after_each` runs after each window's,
         and a window whose handling raises fails its request alone (the batched pass raising fails
         the requests in it)."""
+        if not windows:
+            return
         self.busy = True
         try:
-            jobs = [self._job(w) for w in windows]
-            audio = self._decode_jobs([j for j in jobs if j is not None])
-            for window, job in zip(windows, jobs):
-                if job is not None:
-                    self._emit(job, audio.get(id(job)))
-                self.windows += 1
-                self.frames += len(window.codes)
-                after_each()
+            with self.clock.part("decode"):
+                jobs = [self._job(w) for w in windows]
+                audio = self._decode_jobs([j for j in jobs if j is not None])
+                for window, job in zip(windows, jobs):
+                    if job is not None:
+                        self._emit(job, audio.get(id(job)))
+                    self.windows += 1
+                    self.frames += len(window.codes)
+                    after_each()
         finally:
             self.busy = False
 
@@ -123,6 +129,7 @@ class Code2Wav:
             todo = todo[len(group):]
             t = bucket or len(group[-1].codes)
             try:
+                self.passes += 1
                 audio = self._codec_pass([j.codes for j in group], [j.context_start for j in group], t)
             except Exception:
                 for job in group:

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 import traceback
+from contextlib import contextmanager
 
 import torch
 
@@ -69,6 +70,22 @@ class Heart(threading.Thread):
             except Exception:   # a queue torn down at exit, or a stats read racing the loop
                 pass
             time.sleep(self.interval)
+
+
+class Clock:
+    """Seconds a stage has spent in each part of its loop since it started.  Heartbeats carry them and
+    the server's /metrics shows them, so a slow stream can be traced to the part that is slow."""
+
+    def __init__(self, *parts: str):
+        self.seconds = dict.fromkeys(parts, 0.0)
+
+    @contextmanager
+    def part(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - t0
 
 
 def stall_forever() -> None:

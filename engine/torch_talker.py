@@ -21,7 +21,7 @@ from engine.presets import CODEBOOKS, SAMPLES_PER_FRAME, SAMPLE_RATE
 from engine.sampling import RequestSampler, SamplingParams
 from engine.faults import Injector
 from engine.messages import Abort, Codes, StageError
-from engine.stage_loop import device_for, request_crashed
+from engine.stage_loop import Clock, device_for, request_crashed
 from engine.tokenizer import frames_for_text
 
 
@@ -48,6 +48,8 @@ class TorchTalker:
         # watchdog calls a long wait there a handoff stall, not a stalled stage.
         self.handoffs_begun = self.handoffs_done = 0
         self.handoff_request: str | None = None
+        # decode and admit: launching the step's work; readback: waiting for its codes (on a GPU, the work itself)
+        self.clock = Clock("decode", "admit", "readback", "handoff")
 
     def make_runner(self, profile):
         return make_runner(profile.config.model_runner, self.models, self.stage, self.device,
@@ -122,8 +124,35 @@ class TorchTalker:
         self.steps += 1
         self.stepping = list(self.running)
         batches: list[tuple[list[Sequence], torch.Tensor]] = []
-        if self.running:
-            batches.append((list(self.running), self.runner.decode(self.running)))
+        with self.clock.part("admit"):
+            admitted, first = self._prefill_waiting()
+        if first is not None:
+            batches.append((admitted, first))
+        decoding = self.running + (admitted if first is None else [])   # runner v2: first frames in the decode
+        self.running += admitted
+        if decoding:
+            with self.clock.part("decode"):
+                batches.insert(0, (decoding, self.runner.decode(decoding)))
+        if not batches:
+            return
+        rows = [seq for seqs, _ in batches for seq in seqs]
+        with self.clock.part("readback"):
+            codes = torch.cat([c for _, c in batches]).cpu().numpy()   # the step's one read-back
+        with self.clock.part("handoff"):
+            for seq, frame in zip(rows, codes):
+                with self.isolated(seq.request_id):
+                    sampler = seq.sampler
+                    finished = sampler.emitted(sampler.params.stops[0] if sampler.must_stop() else int(frame[0]))
+                    if not finished:
+                        seq.frames.append(frame)
+                    self._hand_off(seq, finished)
+                    if finished:
+                        self._finish(seq)
+        self.stepping = []
+
+    def _prefill_waiting(self) -> tuple[list[Sequence], torch.Tensor | None]:
+        """Prefill waiting requests within max_num_seqs and the prompt budget: those admitted, and their
+        first frames unless the runner makes them in the step's decode."""
         budget = self.stage.max_num_batched_tokens
         admitted, hiddens, logits = [], [], []
         while self.waiting and len(self.running) + len(admitted) < self.stage.max_num_seqs:
@@ -138,23 +167,9 @@ class TorchTalker:
             admitted.append(seq)
             hiddens.append(h)
             logits.append(lg)
-        if admitted:
-            batches.append((admitted, self.runner.prefill_frames(admitted, torch.stack(hiddens), torch.stack(logits))))
-        self.running += admitted
-        if not batches:
-            return
-        rows = [seq for seqs, _ in batches for seq in seqs]
-        codes = torch.cat([c for _, c in batches]).cpu().numpy()   # the step's one read-back
-        for seq, frame in zip(rows, codes):
-            with self.isolated(seq.request_id):
-                sampler = seq.sampler
-                finished = sampler.emitted(sampler.params.stops[0] if sampler.must_stop() else int(frame[0]))
-                if not finished:
-                    seq.frames.append(frame)
-                self._hand_off(seq, finished)
-                if finished:
-                    self._finish(seq)
-        self.stepping = []
+        if not admitted:
+            return admitted, None
+        return admitted, self.runner.prefill_frames(admitted, torch.stack(hiddens), torch.stack(logits))
 
     def _hand_off(self, seq: Sequence, finished: bool) -> None:
         rid = seq.request_id
@@ -181,7 +196,8 @@ class TorchTalker:
         return {"depth": len(self.waiting) + len(running), "steps": self.steps,
                 "handoffs_begun": self.handoffs_begun, "handoffs_done": self.handoffs_done,
                 "handoff_request": self.handoff_request,
-                "requests": {rid: (n, sent.get(rid, 0)) for rid, n in running}}
+                "requests": {rid: (n, sent.get(rid, 0)) for rid, n in running},
+                "seconds": dict(self.clock.seconds)}
 
     def _finish(self, seq: Sequence) -> None:
         rid = seq.request_id

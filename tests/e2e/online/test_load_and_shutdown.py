@@ -52,6 +52,14 @@ def test_64_concurrent_streams(srv):
     assert len(bodies) == 64 and all(len(b) > 0 and len(b) % 2 == 0 for b in bodies)
     assert wait_for(lambda: successes(srv) - before == 64, 5), successes(srv) - before
     assert wait_for(lambda: released(srv), 5), metrics(srv)
+    # where the stages' time went, as the serving benchmark reads it
+    m = metrics(srv)
+    seconds = {(dict(labels)["stage"], dict(labels)["part"]): v for (name, labels), v in m.items()
+               if name == "lanekeeper_stage_seconds"}
+    assert set(seconds) == {("0", "decode"), ("0", "admit"), ("0", "readback"), ("0", "handoff"), ("1", "decode")}
+    assert all(v > 0 for v in seconds.values()), seconds
+    windows, passes = m[("lanekeeper_code2wav_windows", ())], m[("lanekeeper_code2wav_passes", ())]
+    assert windows >= 64 and 0 < passes <= windows, (windows, passes)
 
 
 def test_disconnect_mid_stream_releases_request(srv):
