@@ -135,8 +135,8 @@ class ModelRunner:
                          [(bs,) for bs in self.capture_sizes], self.device)
 
     @torch.no_grad()
-    def prefill_frames(self, seqs: list[Sequence], hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor | None:
-        """The first frame of requests just prefilled, or None when the next decode makes it."""
+    def prefill_frames(self, seqs: list[Sequence], hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """The first frame of requests just prefilled."""
         self.prepare(seqs)
         return self.next_frame(hidden, logits, self.slot_rows(seqs))
 
@@ -177,11 +177,7 @@ class V2Runner(ModelRunner):
     """A persistent batch: each running request owns a row (slot) of static KV and input buffers, and a
     frame step (talker decode, codebook-0 sampling, the code predictor's 15 passes) is one function of
     those buffers.  With graphs on it is captured per padded batch size and key bucket and replayed;
-    on CPU the same function runs uncaptured, so every cell of the matrix runs in CPU CI.
-
-    A request just prefilled gets its first frame from the same step: its row takes the prefill's
-    last hidden state and logits in place of the decode's, so admitting requests under load adds
-    no eager code-predictor passes between graph replays."""
+    on CPU the same function runs uncaptured, so every cell of the matrix runs in CPU CI."""
     name = "v2"
 
     def __init__(self, models, stage_cfg, device, graphs, max_len):
@@ -191,13 +187,6 @@ class V2Runner(ModelRunner):
         self.kv = StaticKV(shape.layers, self.max_seqs, self.capacity, shape.kv_heads, shape.head_dim, self.dtype, device)
         self.in_pos = torch.zeros(self.max_seqs, 1, dtype=torch.long, device=device)
         self.host_pos = torch.zeros(self.max_seqs, 1, dtype=torch.long, pin_memory=device.type == "cuda")
-        # rows whose frame this step comes from their prefill: its last hidden state and logits
-        self.first = torch.zeros(self.max_seqs, 1, dtype=torch.bool, device=device)
-        self.host_first = torch.zeros(self.max_seqs, 1, dtype=torch.bool, pin_memory=device.type == "cuda")
-        self.first_hidden = torch.zeros(self.max_seqs, shape.hidden, dtype=self.dtype, device=device)
-        self.first_logits = torch.zeros(self.max_seqs, self.talker.codec_head.weight.shape[0], dtype=self.dtype,
-                                        device=device)
-        self.prefilled: set[int] = set()   # slots whose first frame the next decode makes
         self.buckets = _buckets(self.capacity)
         keys = [(bs, kl) for bs in self.capture_sizes for kl in self.buckets] if device.type == "cuda" else []
         self.pool = GraphPool(self._frame, keys, device) if graphs else None
@@ -205,7 +194,6 @@ class V2Runner(ModelRunner):
     def release(self, seq: Sequence) -> None:
         if seq.slot is not None:
             self.host_pos[seq.slot] = 0
-            self.prefilled.discard(seq.slot)
         super().release(seq)
 
     @torch.no_grad()
@@ -216,41 +204,22 @@ class V2Runner(ModelRunner):
         seq.num_tokens = s
         return hidden[0, -1], logits[0, -1]
 
-    @torch.no_grad()
-    def prefill_frames(self, seqs: list[Sequence], hidden: torch.Tensor, logits: torch.Tensor) -> None:
-        rows = self.slot_rows(seqs)
-        self.first_hidden[rows] = hidden
-        self.first_logits[rows] = logits
-        self.prefilled.update(s.slot for s in seqs)
-
     def _frame(self, bs: int, key_len: int):
         positions = self.in_pos[:bs]
         hidden, logits = self.talker(self.in_embeds[:bs], positions, self.kv.view(0, positions, key_len))
-        # A prefilled row's decode wrote its KV at the position its first frame will take, and that frame's
-        # own decode next step overwrites it before anything reads it.
-        hidden = torch.where(self.first[:bs], self.first_hidden[:bs], hidden[:, 0])
-        logits = torch.where(self.first[:bs], self.first_logits[:bs], logits[:, 0])
-        return self.next_frame(hidden, logits, self.rows[:bs], static_cp=self.graphs)
+        return self.next_frame(hidden[:, 0], logits[:, 0], self.rows[:bs], static_cp=self.graphs)
 
     @torch.no_grad()
     def decode(self, seqs: list[Sequence]) -> torch.Tensor:
         """One frame for each running request: codes [B, 16], from rows 0..n-1 of the persistent batch
-        (holes are padding).  Requests just prefilled get their first frame."""
+        (holes are padding)."""
         self.prepare(seqs)
-        self.host_first.zero_()   # the last step's copies are done: its codes were read back
-        top = 0
         for s in seqs:
             self.host_pos[s.slot, 0] = s.num_tokens
-            top = max(top, s.num_tokens + 1)
-            if s.slot in self.prefilled:
-                self.host_first[s.slot, 0] = True
-            else:
-                s.num_tokens += 1
-        self.prefilled.clear()
+            s.num_tokens += 1
         self.in_pos.copy_(self.host_pos, non_blocking=True)
-        self.first.copy_(self.host_first, non_blocking=True)
         n = max(self.slots) + 1
-        key_len = next(b for b in self.buckets if b >= top)
+        key_len = next(b for b in self.buckets if b >= max(s.num_tokens for s in self.slots.values()))
         bs = padded(self.capture_sizes, n) if self.pool else None
         codes = self.pool(bs, key_len) if bs else self._frame(n, key_len)
         return codes[self.slot_rows(seqs)]

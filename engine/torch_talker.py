@@ -48,7 +48,8 @@ class TorchTalker:
         # watchdog calls a long wait there a handoff stall, not a stalled stage.
         self.handoffs_begun = self.handoffs_done = 0
         self.handoff_request: str | None = None
-        # decode and admit: launching the step's work; readback: waiting for its codes (on a GPU, the work itself)
+        # decode: the running requests' frame; admit: new requests' prefills and first frames; readback: waiting
+        # for the step's codes; handoff: windows to stage 1 and finished requests
         self.clock = Clock("decode", "admit", "readback", "handoff")
 
     def make_runner(self, profile):
@@ -124,15 +125,11 @@ class TorchTalker:
         self.steps += 1
         self.stepping = list(self.running)
         batches: list[tuple[list[Sequence], torch.Tensor]] = []
-        with self.clock.part("admit"):
-            admitted, first = self._prefill_waiting()
-        if first is not None:
-            batches.append((admitted, first))
-        decoding = self.running + (admitted if first is None else [])   # runner v2: first frames in the decode
-        self.running += admitted
-        if decoding:
+        if self.running:
             with self.clock.part("decode"):
-                batches.insert(0, (decoding, self.runner.decode(decoding)))
+                batches.append((list(self.running), self.runner.decode(self.running)))
+        with self.clock.part("admit"):
+            self._prefill_waiting(batches)
         if not batches:
             return
         rows = [seq for seqs, _ in batches for seq in seqs]
@@ -150,9 +147,9 @@ class TorchTalker:
                         self._finish(seq)
         self.stepping = []
 
-    def _prefill_waiting(self) -> tuple[list[Sequence], torch.Tensor | None]:
-        """Prefill waiting requests within max_num_seqs and the prompt budget: those admitted, and their
-        first frames unless the runner makes them in the step's decode."""
+    def _prefill_waiting(self, batches: list) -> None:
+        """Prefill waiting requests within max_num_seqs and the prompt budget; their first frames join the
+        step's batches."""
         budget = self.stage.max_num_batched_tokens
         admitted, hiddens, logits = [], [], []
         while self.waiting and len(self.running) + len(admitted) < self.stage.max_num_seqs:
@@ -167,9 +164,9 @@ class TorchTalker:
             admitted.append(seq)
             hiddens.append(h)
             logits.append(lg)
-        if not admitted:
-            return admitted, None
-        return admitted, self.runner.prefill_frames(admitted, torch.stack(hiddens), torch.stack(logits))
+        if admitted:
+            batches.append((admitted, self.runner.prefill_frames(admitted, torch.stack(hiddens), torch.stack(logits))))
+        self.running += admitted
 
     def _hand_off(self, seq: Sequence, finished: bool) -> None:
         rid = seq.request_id
