@@ -229,36 +229,39 @@ class VllmTalker(TorchTalker):
     def step(self) -> None:
         self.steps += 1
         self.stepping = list(self.running)
-        self._admit()
+        with self.clock.part("admit"):
+            self._admit()
         self.stepping = list(self.running)
         if not self.running:   # vLLM's step would wait for outputs that no request will produce
             return
         by_id = {s.request_id: s for s in self.running}
         new: dict[str, list[int]] = {}
         finished: set[str] = set()
-        for out in self.llm.step():
-            seq = by_id.get(out.request_id)
-            if seq is None:
-                continue
-            stops = seq.sampler.params.stops
-            new.setdefault(seq.request_id, []).extend(t for t in out.outputs[0].token_ids if t not in stops)
-            if out.finished:
-                finished.add(seq.request_id)
-        # Codebooks 1..15, a round per frame so that each request draws from its generator in frame order.
-        while any(new.values()):
-            rows = [by_id[rid] for rid, toks in new.items() if toks]
-            c0 = [new[s.request_id].pop(0) for s in rows]
-            first = torch.tensor(c0, device=self.device)
-            hidden = self.models.talker.codec_embed(first) + torch.stack([s.prompt.mean(0) for s in rows])
-            self.runner.prepare(rows)
-            codes = self.runner.residual_codes(hidden, first, self.runner.slot_rows(rows)).cpu().numpy()
-            for k, seq in enumerate(rows):
-                seq.sampler.emitted(c0[k])
-                seq.frames.append(codes[k])
-        for rid in new:
-            with self.isolated(rid):
-                seq, done = by_id[rid], rid in finished
-                self._hand_off(seq, done)
-                if done:
-                    self._finish(seq)
+        with self.clock.part("decode"):   # vLLM's step and the code predictor, its read-backs included
+            for out in self.llm.step():
+                seq = by_id.get(out.request_id)
+                if seq is None:
+                    continue
+                stops = seq.sampler.params.stops
+                new.setdefault(seq.request_id, []).extend(t for t in out.outputs[0].token_ids if t not in stops)
+                if out.finished:
+                    finished.add(seq.request_id)
+            # Codebooks 1..15, a round per frame so that each request draws from its generator in frame order.
+            while any(new.values()):
+                rows = [by_id[rid] for rid, toks in new.items() if toks]
+                c0 = [new[s.request_id].pop(0) for s in rows]
+                first = torch.tensor(c0, device=self.device)
+                hidden = self.models.talker.codec_embed(first) + torch.stack([s.prompt.mean(0) for s in rows])
+                self.runner.prepare(rows)
+                codes = self.runner.residual_codes(hidden, first, self.runner.slot_rows(rows)).cpu().numpy()
+                for k, seq in enumerate(rows):
+                    seq.sampler.emitted(c0[k])
+                    seq.frames.append(codes[k])
+        with self.clock.part("handoff"):
+            for rid in new:
+                with self.isolated(rid):
+                    seq, done = by_id[rid], rid in finished
+                    self._hand_off(seq, done)
+                    if done:
+                        self._finish(seq)
         self.stepping = []
