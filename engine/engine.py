@@ -3,13 +3,13 @@
     with TTSEngine(resolve("qwen3_tts")) as engine:
         results = engine.generate([SpeechRequest("Hello.")])
 
-The stages run in spawned processes that form one process group led by stage 0.
+The stages run in processes forked from multiprocessing's fork server (see `stage_context`); they
+form one process group led by stage 0.
 `close()` asks them to stop, then kills the whole group, so nothing outlives the
 engine even when a stage is wedged.
 """
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import queue
 import threading
@@ -25,7 +25,7 @@ from engine.errors import EngineError, failure
 from engine.faults import from_env as faults_from_env, parse as parse_faults
 from engine.messages import Abort, Add, Beat, Codes, Decoded, Fatal, Ready, StageError, Stop
 from engine.presets import CODEBOOKS, SAMPLE_RATE, SAMPLES_PER_FRAME
-from engine.procs import ClosedQueue, close_queues, kill_tree, stage_main, tree_pids
+from engine.procs import ClosedQueue, close_queues, kill_tree, stage_context, stage_main, tree_pids
 from engine.request import AudioChunk, RequestError, SpeechRequest, SpeechResult
 from engine.tracked import Tracked
 from engine.watchdog import Watchdog
@@ -46,15 +46,16 @@ class TTSEngine:
         self.beats: dict[int, tuple[float, dict]] = {}
         self.fatal: Fatal | None = None   # a stage's loop raised
         self.faults = parse_faults(profile.config.faults, "profile faults") + faults_from_env()
-        ctx = mp.get_context("spawn")
+        ctx = stage_context()
         self.in_q, self.handoff_q, self.out_q = ctx.Queue(), ctx.Queue(), ctx.Queue()
         self._tracked: dict[str, Tracked] = {}
         self._lock = threading.Lock()
-        self.procs: list[mp.Process] = []
+        self.procs: list = []
         for stage, role in enumerate(("talker", "code2wav")):   # stage 0 leads the group, stage 1 joins it
             leader = self.procs[0].pid if self.procs else None
             self.procs.append(ctx.Process(target=stage_main, name=f"lanekeeper-stage{stage}-{role}", args=(
-                stage, leader, profile, (self.in_q, self.handoff_q, self.out_q), os.getpid(), self.faults)))
+                stage, leader, profile, (self.in_q, self.handoff_q, self.out_q), os.getpid(), self.faults,
+                (dict(os.environ), os.getcwd()))))
             self.procs[-1].start()
         self._finalizer = weakref.finalize(self, kill_tree, [p.pid for p in self.procs], self.procs[0].pid)
         _LIVE.add(self)

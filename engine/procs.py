@@ -1,7 +1,9 @@
-"""Stage process entry point.  Kept import-light: the process group is joined before torch loads."""
+"""Stage process entry point, and the processes' plumbing: starting, naming, killing."""
 from __future__ import annotations
 
+import atexit
 import faulthandler
+import multiprocessing as mp
 import os
 import re
 import signal
@@ -9,6 +11,32 @@ import sys
 import time
 
 STACK_DUMP_SIGNAL = signal.SIGUSR1
+
+
+STAGE_MODULES = ["engine.stage0", "engine.stage1"]
+
+
+def stage_context():
+    """Stages fork from multiprocessing's fork server, which imports torch and the stage code once: a
+    spawned stage spends about 2.4 CPU-s importing them, and a CI lane starts engines by the hundred.
+    The server, like multiprocessing's resource tracker, ends when the process that started it does."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(STAGE_MODULES)
+    if not _STOP_AT_EXIT:
+        atexit.register(_stop_fork_server)
+        _STOP_AT_EXIT.append(True)
+    return ctx
+
+
+_STOP_AT_EXIT: list[bool] = []
+
+
+def _stop_fork_server() -> None:
+    """At exit, end the fork server and wait for it, so that nothing this process started outlives it.
+    (Killed outright, the process still ends it: the server exits when its pipe from here closes.)"""
+    from multiprocessing import forkserver
+
+    forkserver._forkserver._stop()
 
 
 def kill_tree(roots, group: int | None = None, timeout: float = 5.0) -> None:
@@ -135,14 +163,42 @@ def describe_process(name: str, cmdline: str) -> str | None:
         return "vLLM worker"
     if "ci.cli serve" in cmdline or "lanekeeper serve" in cmdline:
         return "speech server"
-    if "multiprocessing.spawn" in cmdline and "resource_tracker" not in cmdline:
-        return "stage process (not named yet)"
     return None
 
 
-def stage_main(stage_id: int, leader_pid: int | None, profile, queues, parent_pid: int, faults=()) -> None:
-    join_group(leader_pid)
+class Owner:
+    """The engine's process, as its stages watch it.  Not a stage's parent: that is the fork server,
+    which lives on while any stage does."""
+
+    def __init__(self, pid: int):
+        import psutil
+
+        try:
+            self.proc = psutil.Process(pid)
+        except psutil.NoSuchProcess:
+            self.proc = None
+
+    def gone(self) -> bool:
+        """Exited, or exited and not yet reaped (a zombie), or its pid reused by another process."""
+        import psutil
+
+        try:
+            return self.proc is None or not self.proc.is_running() or self.proc.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+
+def stage_main(stage_id: int, leader_pid: int | None, profile, queues, owner_pid: int, faults=(),
+               origin: tuple[dict, str] | None = None) -> None:
+    """`origin` is the engine's environment and working directory when it started the stage: a forked
+    stage would otherwise see the fork server's, from whenever that started."""
     name_process(f"lk{stage_id}:{profile.stage_name(stage_id)}")
+    if origin is not None:
+        environ, cwd = origin
+        os.environ.clear()
+        os.environ.update(environ)
+        os.chdir(cwd)
+    join_group(leader_pid)
     # SIGUSR1 dumps every thread's Python stack, to a file the test plugin reads when one is set.
     stack_dir = os.environ.get(STACK_DIR_ENV)
     out = open(stack_file(stack_dir, os.getpid()), "w") if stack_dir and os.path.isdir(stack_dir) else sys.stderr
@@ -154,4 +210,4 @@ def stage_main(stage_id: int, leader_pid: int | None, profile, queues, parent_pi
         from engine.stage0 import run
     else:
         from engine.stage1 import run
-    run(profile, queues, parent_pid, faults)
+    run(profile, queues, Owner(owner_pid), faults)

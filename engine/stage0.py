@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+from engine.procs import Owner
 from engine.messages import Add, Abort, Ready, Stop
 from engine.model_runner import CapacityError
 from engine.stage_loop import Heart, drain, fatal, setup_torch, stall_forever
@@ -18,19 +19,19 @@ def make_talker(profile, handoff_q, out_q, faults=()) -> TorchTalker:
     return TorchTalker(profile, handoff_q, out_q, faults)
 
 
-def run(profile, queues, parent_pid: int, faults=()) -> None:
+def run(profile, queues, owner: Owner, faults=()) -> None:
     in_q, handoff_q, out_q = queues
     setup_torch()
     try:
         talker = make_talker(profile, handoff_q, out_q, faults)
         out_q.put(Ready(0, talker.info()))
-        Heart(out_q, 0, profile.config.watchdog.heartbeat_interval_s, talker.stats, parent_pid).start()
+        Heart(out_q, 0, profile.config.watchdog.heartbeat_interval_s, talker.stats, owner).start()
         while True:
             if talker.faults.stalled(talker.steps):
                 stall_forever()
             if talker.faults.should_die(talker.finished, max((len(s.frames) for s in talker.running), default=0)):
                 os._exit(1)
-            for msg in drain(in_q, block=not talker.busy, parent_pid=parent_pid):
+            for msg in drain(in_q, block=not talker.busy, owner=owner):
                 match msg:
                     case Add(request):
                         with talker.isolated(request.request_id):

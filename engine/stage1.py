@@ -18,6 +18,7 @@ import torch
 from engine.graphs import GraphPool, padded
 from engine.models import build_models
 from engine.presets import CODEBOOKS, SAMPLES_PER_FRAME
+from engine.procs import Owner
 from engine.messages import Abort, Decoded, Frames, Ready, Stop
 from engine.request import AudioChunk
 from engine.faults import Injector
@@ -182,13 +183,13 @@ class Code2Wav:
         self.first_seen.pop(request_id, None)
 
 
-def run(profile, queues, parent_pid: int, faults=()) -> None:
+def run(profile, queues, owner: Owner, faults=()) -> None:
     _, handoff_q, out_q = queues
     setup_torch()
     try:
         worker = Code2Wav(profile, out_q, faults)
         out_q.put(Ready(1))
-        Heart(out_q, 1, profile.config.watchdog.heartbeat_interval_s, worker.stats, parent_pid).start()
+        Heart(out_q, 1, profile.config.watchdog.heartbeat_interval_s, worker.stats, owner).start()
         def check_faults() -> None:
             if worker.faults.should_die(worker.finished, worker.frames):
                 os._exit(1)
@@ -198,7 +199,7 @@ def run(profile, queues, parent_pid: int, faults=()) -> None:
         while True:
             check_faults()
             pending: list[Frames] = []   # decoded together, up to the next message that is not a window
-            for msg in drain(handoff_q, block=True, parent_pid=parent_pid):
+            for msg in drain(handoff_q, block=True, owner=owner):
                 match msg:
                     case Frames():
                         pending.append(msg)

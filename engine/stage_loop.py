@@ -1,4 +1,4 @@
-"""What both stage loops share: device and threads, draining the inbox, parent-death checks."""
+"""What both stage loops share: device and threads, draining the inbox, owner-death checks."""
 from __future__ import annotations
 
 import os
@@ -13,6 +13,7 @@ from contextlib import contextmanager
 import torch
 
 from engine.messages import Beat, Fatal, StageError
+from engine.procs import Owner
 
 
 def device_for(profile, stage_cfg) -> torch.device:
@@ -31,14 +32,14 @@ def setup_torch() -> None:
     torch.backends.cudnn.allow_tf32 = False
 
 
-def drain(inbox, block: bool, parent_pid: int, timeout: float = 0.25) -> list:
-    """Everything waiting in the inbox; when idle, block a little.  Exits if the parent is gone."""
+def drain(inbox, block: bool, owner: Owner, timeout: float = 0.25) -> list:
+    """Everything waiting in the inbox; when idle, block a little.  Exits if the engine's process is gone."""
     items = []
     while True:
         try:
             items.append(inbox.get(block=block and not items, timeout=timeout))
         except queue.Empty:
-            if block and not items and os.getppid() != parent_pid:
+            if block and not items and owner.gone():
                 raise SystemExit(0)   # orphaned while idle: exit handlers still run (vLLM's shutdown)
             return items
 
@@ -49,18 +50,18 @@ class Heart(threading.Thread):
     A stage whose loop is stuck (a hung kernel, an injected stall) keeps beating, so the
     watchdog can tell "alive but not progressing" from "gone quiet".
 
-    It also watches the parent: a stage whose owner died (SIGKILL included) ends within one
+    It also watches the owner: a stage whose owner died (SIGKILL included) ends within one
     beat, mid-request or not, and without waiting on a queue nobody reads any more.
     """
 
-    def __init__(self, out_q, stage_id: int, interval: float, stats, parent_pid: int):
+    def __init__(self, out_q, stage_id: int, interval: float, stats, owner: Owner):
         super().__init__(name=f"stage{stage_id}-heartbeat", daemon=True)
         self.out_q, self.stage_id, self.interval, self.stats = out_q, stage_id, interval, stats
-        self.parent_pid = parent_pid
+        self.owner = owner
 
     def run(self) -> None:
         while True:
-            if os.getppid() != self.parent_pid:
+            if self.owner.gone():
                 # Orphaned mid-work: end the engine's whole process group (both stages, and vLLM's engine
                 # core and workers under stage 0), the way its owner would have, at once.
                 os.killpg(os.getpgrp(), signal.SIGKILL)

@@ -37,6 +37,33 @@ def test_failure_mid_generation_leaves_nothing(profile):
     assert pids and gone(pids)
 
 
+def test_stages_start_from_the_engines_environment_not_the_fork_servers(profile, tmp_path, monkeypatch):
+    """Stages fork from a server started with the first engine; a later engine's stages must still see
+    the environment and working directory of the moment it starts them, as spawned ones would."""
+    from engine.procs import STACK_DIR_ENV, STACK_DUMP_SIGNAL, stack_file
+
+    with TTSEngine(profile):   # the fork server is up from here on
+        pass
+    monkeypatch.setenv(STACK_DIR_ENV, str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    with TTSEngine(profile) as engine:
+        pid = engine.pids()[1]
+        assert os.readlink(f"/proc/{pid}/cwd") == str(tmp_path)
+        os.kill(pid, STACK_DUMP_SIGNAL)
+        deadline = time.monotonic() + 10
+        while "stage1" not in _read(stack_file(str(tmp_path), pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "stage1" in _read(stack_file(str(tmp_path), pid))
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
 def test_wedged_stage_is_killed(profile):
     engine = TTSEngine(profile)
     pids = engine.pids()
