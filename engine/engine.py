@@ -73,15 +73,16 @@ class TTSEngine:
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while len(self.info) < len(self.procs):
-            for stage, proc in enumerate(self.procs):
-                if stage not in self.info and not proc.is_alive():
-                    raise EngineError(f"stage {stage} ({self.profile.stage_name(stage)}) exited with code {proc.exitcode} "
-                                      f"during start-up")
+            dead = [stage for stage, proc in enumerate(self.procs) if stage not in self.info and not proc.is_alive()]
             if time.monotonic() > deadline:
                 raise EngineError(f"engine did not start within {timeout:.0f}s")
-            try:
+            try:   # a stage that failed says why before it exits: read that before blaming the exit
                 self._dispatch(self.out_q.get(timeout=0.2))
             except queue.Empty:
+                if dead:
+                    stage = dead[0]
+                    raise EngineError(f"stage {stage} ({self.profile.stage_name(stage)}) exited with code "
+                                      f"{self.procs[stage].exitcode} during start-up") from None
                 continue
             if self.fatal is not None:
                 stage = self.fatal.stage

@@ -71,23 +71,29 @@ class StaticKV:
         self.key_pos = torch.arange(max_len, device=device)
         self.slots, self.max_len = slots, max_len
 
-    def view(self, first_slot: int, positions: torch.Tensor, key_len: int | None = None) -> "StaticView":
-        return StaticView(self, first_slot, positions, key_len or self.max_len)
+    def view(self, slots: int | torch.Tensor, positions: torch.Tensor, key_len: int | None = None) -> "StaticView":
+        return StaticView(self, slots, positions, key_len or self.max_len)
 
 
 class StaticView:
-    """Rows first_slot .. first_slot+B of the static buffers; row b's queries sit at positions[b]."""
+    """Rows of the static buffers; row b's queries sit at positions[b].  `slots` is the first of B
+    consecutive rows (a decode step: the persistent batch, read as a slice) or a tensor of B rows (a
+    batch of prefills, read by gathering)."""
 
-    def __init__(self, kv: StaticKV, first_slot: int, positions: torch.Tensor, key_len: int):
+    def __init__(self, kv: StaticKV, slots: int | torch.Tensor, positions: torch.Tensor, key_len: int):
         b, s = positions.shape
-        self.kv, self.first, self.count, self.key_len = kv, first_slot, b, key_len
-        self.rows = (torch.arange(b, device=positions.device) + first_slot)[:, None].expand(b, s)
+        self.kv, self.key_len = kv, key_len
+        if isinstance(slots, int):
+            self.read = slice(slots, slots + b)
+            slots = torch.arange(b, device=positions.device) + slots
+        else:
+            self.read = slots
+        self.rows = slots[:, None].expand(b, s)
         self.positions = positions
         self.mask = _mask(kv.key_pos[:key_len], positions)
 
     def update(self, layer, k, v):
         self.kv.k[layer].index_put_((self.rows, self.positions), k)
         self.kv.v[layer].index_put_((self.rows, self.positions), v)
-        rows = slice(self.first, self.first + self.count)
         keys = slice(0, self.key_len)
-        return self.kv.k[layer][rows, keys], self.kv.v[layer][rows, keys], self.mask
+        return self.kv.k[layer][self.read, keys], self.kv.v[layer][self.read, keys], self.mask

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from engine.graphs import GraphPool, padded
 from engine.kv_cache import CausalView, DynamicView, RequestKV, StaticKV
@@ -154,12 +155,17 @@ class V1Runner(ModelRunner):
         seq.kv = None
 
     @torch.no_grad()
-    def prefill(self, seq: Sequence):
-        s = seq.prompt.shape[0]
-        positions = torch.arange(s, device=self.device)[None]
-        hidden, logits = self.talker(seq.prompt[None], positions, DynamicView([seq.kv], positions))
-        seq.num_tokens = s
-        return hidden[0, -1], logits[0, -1]
+    def prefill(self, seqs: list[Sequence]):
+        """The last prompt position's hidden state and logits of each: [B, hidden], [B, vocab].  One
+        talker pass per request, each into its own cache."""
+        out = []
+        for seq in seqs:
+            s = seq.prompt.shape[0]
+            positions = torch.arange(s, device=self.device)[None]
+            hidden, logits = self.talker(seq.prompt[None], positions, DynamicView([seq.kv], positions))
+            seq.num_tokens = s
+            out.append((hidden[0, -1], logits[0, -1]))
+        return torch.stack([h for h, _ in out]), torch.stack([lg for _, lg in out])
 
     @torch.no_grad()
     def decode(self, seqs: list[Sequence]) -> torch.Tensor:
@@ -197,12 +203,21 @@ class V2Runner(ModelRunner):
         super().release(seq)
 
     @torch.no_grad()
-    def prefill(self, seq: Sequence):
-        s = seq.prompt.shape[0]
-        positions = torch.arange(s, device=self.device)[None]
-        hidden, logits = self.talker(seq.prompt[None], positions, self.kv.view(seq.slot, positions, _bucket(s)))
-        seq.num_tokens = s
-        return hidden[0, -1], logits[0, -1]
+    def prefill(self, seqs: list[Sequence]):
+        """One talker pass over all these prompts, right-padded to the longest, each into its own slot's
+        rows.  A padded position's keys land past its request's prompt, where its own decode steps
+        overwrite them, in order, before any query can see them."""
+        lens = [seq.prompt.shape[0] for seq in seqs]
+        width = max(lens)
+        prompts = pad_sequence([seq.prompt for seq in seqs], batch_first=True)
+        positions = torch.arange(width, device=self.device)[None].expand(len(seqs), width)
+        slots = torch.tensor([seq.slot for seq in seqs], device=self.device)
+        hidden, logits = self.talker(prompts, positions, self.kv.view(slots, positions, _bucket(width)))
+        for seq, s in zip(seqs, lens):
+            seq.num_tokens = s
+        rows = torch.arange(len(seqs), device=self.device)
+        last = torch.tensor(lens, device=self.device) - 1
+        return hidden[rows, last], logits[rows, last]
 
     def _frame(self, bs: int, key_len: int):
         positions = self.in_pos[:bs]

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import torch
 
 from engine.messages import Beat, Fatal, StageError
-from engine.procs import Owner
+from engine.procs import Owner, close_queues
 
 
 def device_for(profile, stage_cfg) -> torch.device:
@@ -101,8 +101,10 @@ def _summary() -> str:
 
 
 def fatal(out_q, stage_id: int, summary: str | None = None) -> None:
-    """Report the exception being handled: its traceback, and a one-line summary for error messages."""
+    """Report the exception being handled: its traceback, and a one-line summary for error messages.
+    The stage exits next, and a stage's queues do not wait for their feeder at exit: flush it here."""
     out_q.put(Fatal(stage_id, summary or _summary(), traceback.format_exc()))
+    close_queues(out_q)
 
 
 def request_crashed(out_q, stage_id: int, request_ids) -> None:

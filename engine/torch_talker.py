@@ -151,7 +151,7 @@ class TorchTalker:
         """Prefill waiting requests within max_num_seqs and the prompt budget; their first frames join the
         step's batches."""
         budget = self.stage.max_num_batched_tokens
-        admitted, hiddens, logits = [], [], []
+        admitted = []
         while self.waiting and len(self.running) + len(admitted) < self.stage.max_num_seqs:
             seq = self.waiting[0]
             if admitted and seq.prompt.shape[0] > budget:
@@ -160,12 +160,9 @@ class TorchTalker:
             self.stepping.append(seq)
             budget -= seq.prompt.shape[0]
             self.runner.add(seq)
-            h, lg = self.runner.prefill(seq)
             admitted.append(seq)
-            hiddens.append(h)
-            logits.append(lg)
         if admitted:
-            batches.append((admitted, self.runner.prefill_frames(admitted, torch.stack(hiddens), torch.stack(logits))))
+            batches.append((admitted, self.runner.prefill_frames(admitted, *self.runner.prefill(admitted))))
         self.running += admitted
 
     def _hand_off(self, seq: Sequence, finished: bool) -> None:
