@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from engine.procs import Owner
+from engine.procs import Owner, close_queues
 from engine.messages import Add, Abort, Ready, Stop
 from engine.model_runner import CapacityError
 from engine.stage_loop import Heart, drain, fatal, setup_torch, stall_forever
@@ -41,6 +41,7 @@ def run(profile, queues, owner: Owner, faults=()) -> None:
                     case Stop():
                         talker.close()
                         handoff_q.put(Stop())
+                        close_queues(handoff_q, out_q)   # their feeders do not hold up exit: flush them now
                         return
             if talker.busy:
                 try:

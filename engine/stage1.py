@@ -18,7 +18,7 @@ import torch
 from engine.graphs import GraphPool, padded
 from engine.models import build_models
 from engine.presets import CODEBOOKS, SAMPLES_PER_FRAME
-from engine.procs import Owner
+from engine.procs import Owner, close_queues
 from engine.messages import Abort, Decoded, Frames, Ready, Stop
 from engine.request import AudioChunk
 from engine.faults import Injector
@@ -210,6 +210,7 @@ def run(profile, queues, owner: Owner, faults=()) -> None:
                     case Abort(request_id):
                         worker.abort(request_id)
                     case Stop():
+                        close_queues(out_q)   # its feeder does not hold up exit: flush it now
                         return
             worker.decode(pending, check_faults)
     except SystemExit:

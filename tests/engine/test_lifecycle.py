@@ -37,6 +37,16 @@ def test_failure_mid_generation_leaves_nothing(profile):
     assert pids and gone(pids)
 
 
+def test_close_after_work_ends_the_stages_by_themselves(profile):
+    """Stop reaches stage 1 through stage 0's handoff queue: both stages exit on their own (code 0), not
+    by the kill close() falls back on once its timeout has passed."""
+    engine = TTSEngine(profile)
+    engine.generate([SpeechRequest("Hello.")])
+    t0 = time.monotonic()
+    engine.close()
+    assert [p.exitcode for p in engine.procs] == [0, 0], time.monotonic() - t0
+
+
 def test_stages_start_from_the_engines_environment_not_the_fork_servers(profile, tmp_path, monkeypatch):
     """Stages fork from a server started with the first engine; a later engine's stages must still see
     the environment and working directory of the moment it starts them, as spawned ones would."""
