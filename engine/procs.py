@@ -22,18 +22,14 @@ def stage_context():
     The server, like multiprocessing's resource tracker, ends when the process that started it does."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(STAGE_MODULES)
-    if not _STOP_AT_EXIT:
-        atexit.register(_stop_fork_server)
-        _STOP_AT_EXIT.append(True)
     return ctx
 
 
-_STOP_AT_EXIT: list[bool] = []
-
-
+@atexit.register
 def _stop_fork_server() -> None:
-    """At exit, end the fork server and wait for it, so that nothing this process started outlives it.
-    (Killed outright, the process still ends it: the server exits when its pipe from here closes.)"""
+    """At exit, end the fork server (if this process started one) and wait for it, so that nothing this
+    process started outlives it.  (Killed outright, the process still ends it: the server exits when
+    its pipe from here closes.)"""
     from multiprocessing import forkserver
 
     forkserver._forkserver._stop()
@@ -188,16 +184,15 @@ class Owner:
             return True
 
 
-def stage_main(stage_id: int, leader_pid: int | None, profile, queues, owner_pid: int, faults=(),
-               origin: tuple[dict, str] | None = None) -> None:
+def stage_main(stage_id: int, leader_pid: int | None, profile, queues, owner_pid: int, faults,
+               origin: tuple[dict, str]) -> None:
     """`origin` is the engine's environment and working directory when it started the stage: a forked
     stage would otherwise see the fork server's, from whenever that started."""
     name_process(f"lk{stage_id}:{profile.stage_name(stage_id)}")
-    if origin is not None:
-        environ, cwd = origin
-        os.environ.clear()
-        os.environ.update(environ)
-        os.chdir(cwd)
+    environ, cwd = origin
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
     join_group(leader_pid)
     # SIGUSR1 dumps every thread's Python stack, to a file the test plugin reads when one is set.
     stack_dir = os.environ.get(STACK_DIR_ENV)
