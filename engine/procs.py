@@ -4,6 +4,7 @@ from __future__ import annotations
 import atexit
 import faulthandler
 import multiprocessing as mp
+import multiprocessing.util  # noqa: F401  its exit handler (which removes the fork server's folder) must run after ours
 import os
 import re
 import signal
