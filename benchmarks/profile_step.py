@@ -79,6 +79,18 @@ def timed_phases(talker, steps: int) -> dict[str, float]:
     return {k: v / steps for k, v in spent.items()}
 
 
+def timed_prefill(talker, k: int, repeats: int = 10) -> float:
+    """Seconds to prefill k of the running requests' prompts again (their state is spent afterwards)."""
+    seqs = talker.running[:k]
+    talker.runner.prefill(seqs)   # warm-up
+    sync(talker.device)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        talker.runner.prefill(seqs)
+    sync(talker.device)
+    return (time.perf_counter() - t0) / repeats
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     model_args(ap, text_bytes=100)
@@ -118,6 +130,9 @@ def main() -> None:
         for key in (["self_cuda_time_total"] if talker.device.type == "cuda" else []) + ["self_cpu_time_total"]:
             print(f"\n### top operators by {key} (5 steps)\n")
             print(prof.key_averages().table(sort_by=key, row_limit=18, max_name_column_width=48))
+        print("\n| prompts prefilled at once | ms |\n| --- | --- |")
+        for k in [k for k in (1, 4, 16) if k <= len(talker.running)]:
+            print(f"| {k} | {1000 * timed_prefill(talker, k):.2f} |")
 
 
 if __name__ == "__main__":

@@ -32,19 +32,21 @@ class Rotary(nn.Module):
         super().__init__()
         inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv)
-        self.register_buffer("cos", freqs.cos(), persistent=False)
-        self.register_buffer("sin", freqs.sin(), persistent=False)
+        # laid out for rotate(): both halves' cosines, and the sines with the first half's negated
+        self.register_buffer("cos", torch.cat((freqs.cos(), freqs.cos()), -1), persistent=False)
+        self.register_buffer("sin", torch.cat((-freqs.sin(), freqs.sin()), -1), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [B, S, 1, D/2] at positions [B, S]: looked up once a pass, shared by every layer."""
+        """cos and sin [B, S, 1, D] at positions [B, S]: looked up once a pass, shared by every layer."""
         return self.cos[positions].unsqueeze(2).to(dtype), self.sin[positions].unsqueeze(2).to(dtype)
 
 
 def rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """x [B, S, H, D] turned by its positions' angles."""
+    """x [B, S, H, D] turned by its positions' angles: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), in
+    three kernels (a frame step rotates a hundred times over)."""
     cos, sin = rope
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return torch.addcmul(x * cos, torch.cat((x2, x1), dim=-1), sin)
 
 
 class Attention(nn.Module):
@@ -64,7 +66,7 @@ class Attention(nn.Module):
         q = self.q_norm(self.q_proj(x).view(b, s, self.heads, self.head_dim))
         k = self.k_norm(self.k_proj(x).view(b, s, self.kv_heads, self.head_dim))
         v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim)
-        q, k = rotate(q, rope), rotate(k, rope)
+        q, k = rotate(torch.cat((q, k), 2), rope).split((self.heads, self.kv_heads), 2)   # one rotation for both
         keys, values, mask = cache.update(self.layer_idx, k, v)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),

@@ -8,8 +8,10 @@
   so every cell of the matrix runs in CPU CI.
 
 Both runners sample on the device from per-slot state (engine/sampling.py) and read one
-[B, 16] array back per step.  The code predictor runs on its fixed 16-position buffer
-whenever graphs are on, under either runner.
+[B, 16] array back per step.  A prefill writes the prompt's keys and values but for its
+last position, which is the request's first decode input: a new request's first frame
+comes out of the same frame step as everyone else's.  The code predictor keeps a
+16-position KV cache of its own and runs one new position a pass, under either runner.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from engine.graphs import GraphPool, padded
-from engine.kv_cache import CausalView, DynamicView, RequestKV, StaticKV
+from engine.kv_cache import DynamicView, RequestKV, StaticKV
 from engine.presets import CODEBOOKS
 from engine.sampling import RequestSampler, SlotSampling
 
@@ -59,11 +61,14 @@ class ModelRunner:
         self.rows = torch.arange(self.max_seqs, device=device)
         hidden = self.talker.codec_head.weight.shape[1]
         self.in_embeds = torch.zeros(self.max_seqs, 1, hidden, dtype=self.dtype, device=device)
-        if graphs:   # the code predictor's fixed 16-position input, written in place
-            hc = self.cp.in_proj.weight.shape[0]
-            self.cp_buf = torch.zeros(self.max_seqs, CODEBOOKS, hc, dtype=self.dtype, device=device)
-            self.cp_view = CausalView(torch.arange(CODEBOOKS, device=device)[None])
-        self.cp_pool = self.cp_graphs()   # for frames not made inside a whole-frame graph
+        # The code predictor's 16-position input and KV cache, rows by batch position: a frame rewrites
+        # them from position 0, and a pass attends only to the positions before its own.
+        cp = self.cp.shape
+        self.cp_in = torch.zeros(self.max_seqs, CODEBOOKS, cp.hidden, dtype=self.dtype, device=device)
+        self.cp_kv = StaticKV(cp.layers, self.max_seqs, CODEBOOKS, cp.kv_heads, cp.head_dim, self.dtype, device)
+        # pass j reads positions j..j (pass 1 also position 0, the talker's hidden state)
+        self.cp_positions = [torch.arange(0 if j == 1 else j, j + 1, device=device)[None] for j in range(CODEBOOKS)]
+        self.cp_pool: GraphPool | None = None   # runner v1 replays the passes; v2 runs them inside its frame graph
 
     def add(self, seq: Sequence) -> None:
         self.free.sort()
@@ -87,59 +92,40 @@ class ModelRunner:
         return torch.tensor([s.slot for s in seqs], device=self.device)
 
     # -- one frame from the talker's output, shared by both runners
-    def next_frame(self, hidden: torch.Tensor, logits: torch.Tensor, rows: torch.Tensor,
-                   static_cp: bool = False) -> torch.Tensor:
+    def next_frame(self, hidden: torch.Tensor, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """codes [B, 16] of these slots' next frame; their next talker input is written in place."""
-        codes = self.residual_codes(hidden, self.sampling.first(logits, rows), rows, static_cp)
+        codes = self.residual_codes(hidden, self.sampling.first(logits, rows), rows)
         self.in_embeds[rows, 0] = self.talker.frame_embeds(codes)
         return codes
 
-    def residual_codes(self, hidden: torch.Tensor, c0: torch.Tensor, rows: torch.Tensor,
-                       static_cp: bool = False) -> torch.Tensor:
-        """Codebooks 1..15 after c0, one code-predictor pass each; returns all 16.
-
-        With graphs on, the predictor's input is a fixed 16-position buffer: run inline
-        (`static_cp`, inside runner v2's frame graph) or replayed per batch size from
-        `cp_pool`.  With graphs off it grows by one position a pass.  All give the same codes.
-        """
+    def residual_codes(self, hidden: torch.Tensor, c0: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Codebooks 1..15 after c0, one code-predictor pass each; returns all 16.  A pass runs here, or
+        is replayed from `cp_pool` for the padded batch size: the same function either way."""
         b = hidden.shape[0]
+        self.cp_in[:b, 0] = self.cp.in_proj(hidden)
+        self.cp_in[:b, 1] = self.cp.embed(0, c0)
+        pooled = padded(self.capture_sizes, b) if self.cp_pool else None
         tokens = [c0]
-        first = self.cp.in_proj(hidden)
-        static_bs = b if static_cp else padded(self.capture_sizes, b) if self.graphs else None
-        if static_bs:
-            self.cp_buf[:b, 0] = first
-            self.cp_buf[:b, 1] = self.cp.embed(0, c0)
-        else:
-            seq = torch.stack((first, self.cp.embed(0, c0)), 1)
         for j in range(1, CODEBOOKS):
-            if static_cp:
-                hid = self.cp.hidden(self.cp_buf[:b], self.cp_view)[:, j]
-            elif static_bs:
-                hid = self.cp_pool(static_bs)[:b, j]
-            else:
-                hid = self.cp.hidden(seq, CausalView(torch.arange(j + 1, device=self.device)[None]))[:, j]
+            hid = self.cp_pool(pooled, j)[:b] if pooled else self.cp_pass(b, j)
             token = self.sampling.draw(self.cp.logits(j, hid), rows, j)
             tokens.append(token)
             if j < CODEBOOKS - 1:
-                emb = self.cp.embed(j, token)
-                if static_bs:
-                    self.cp_buf[:b, j + 1] = emb
-                else:
-                    seq = torch.cat((seq, emb[:, None]), 1)
+                self.cp_in[:b, j + 1] = self.cp.embed(j, token)
         return torch.stack(tokens, 1)
 
-    def cp_graphs(self) -> GraphPool | None:
-        """The code predictor captured per batch size, for runs that do not capture a whole frame."""
-        if not self.graphs:
-            return None
-        return GraphPool(lambda bs: self.cp.hidden(self.cp_buf[:bs], self.cp_view),
-                         [(bs,) for bs in self.capture_sizes], self.device)
+    def cp_pass(self, b: int, j: int) -> torch.Tensor:
+        """The code predictor's hidden state at position j for rows 0..b-1: [b, hidden]."""
+        positions = self.cp_positions[j].expand(b, -1)
+        first = 0 if j == 1 else j
+        return self.cp.decoder(self.cp_in[:b, first:j + 1], positions, self.cp_kv.view(0, positions))[:, -1]
 
-    @torch.no_grad()
-    def prefill_frames(self, seqs: list[Sequence], hidden: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        """The first frame of requests just prefilled."""
-        self.prepare(seqs)
-        return self.next_frame(hidden, logits, self.slot_rows(seqs))
+    def take_prompt(self, seq: Sequence) -> torch.Tensor:
+        """What a prefill writes to the cache: all of the prompt but its last position, which becomes the
+        request's first decode input."""
+        seq.num_tokens = seq.prompt.shape[0] - 1
+        self.in_embeds[seq.slot, 0] = seq.prompt[-1]
+        return seq.prompt[:-1]
 
 
 class V1Runner(ModelRunner):
@@ -154,18 +140,20 @@ class V1Runner(ModelRunner):
         super().release(seq)
         seq.kv = None
 
+    def __init__(self, models, stage_cfg, device, graphs, max_len):
+        super().__init__(models, stage_cfg, device, graphs, max_len)
+        if graphs:   # the code predictor's passes, per padded batch size; the talker runs eagerly
+            keys = [(bs, j) for bs in self.capture_sizes for j in range(1, CODEBOOKS)]
+            self.cp_pool = GraphPool(self.cp_pass, keys, device)
+
     @torch.no_grad()
-    def prefill(self, seqs: list[Sequence]):
-        """The last prompt position's hidden state and logits of each: [B, hidden], [B, vocab].  One
-        talker pass per request, each into its own cache."""
-        out = []
+    def prefill(self, seqs: list[Sequence]) -> None:
+        """One talker pass per request, each into its own cache."""
         for seq in seqs:
-            s = seq.prompt.shape[0]
-            positions = torch.arange(s, device=self.device)[None]
-            hidden, logits = self.talker(seq.prompt[None], positions, DynamicView([seq.kv], positions))
-            seq.num_tokens = s
-            out.append((hidden[0, -1], logits[0, -1]))
-        return torch.stack([h for h, _ in out]), torch.stack([lg for _, lg in out])
+            prompt = self.take_prompt(seq)
+            if len(prompt):
+                positions = torch.arange(len(prompt), device=self.device)[None]
+                self.talker.decoder(prompt[None], positions, DynamicView([seq.kv], positions))
 
     @torch.no_grad()
     def decode(self, seqs: list[Sequence]) -> torch.Tensor:
@@ -190,12 +178,29 @@ class V2Runner(ModelRunner):
         super().__init__(models, stage_cfg, device, graphs, max_len)
         shape = self.talker.shape
         self.capacity = _fit_kv(shape, self.max_seqs, max_len, self.dtype, device, stage_cfg.gpu_memory_utilization)
-        self.kv = StaticKV(shape.layers, self.max_seqs, self.capacity, shape.kv_heads, shape.head_dim, self.dtype, device)
+        # one spare slot past the persistent batch: a captured prefill's padding rows write there
+        self.spare = self.max_seqs
+        self.kv = StaticKV(shape.layers, self.max_seqs + 1, self.capacity, shape.kv_heads, shape.head_dim, self.dtype,
+                           device)
         self.in_pos = torch.zeros(self.max_seqs, 1, dtype=torch.long, device=device)
         self.host_pos = torch.zeros(self.max_seqs, 1, dtype=torch.long, pin_memory=device.type == "cuda")
         self.buckets = _buckets(self.capacity)
-        keys = [(bs, kl) for bs in self.capture_sizes for kl in self.buckets] if device.type == "cuda" else []
+        captured = graphs and device.type == "cuda"
+        keys = [(bs, kl) for bs in self.capture_sizes for kl in self.buckets] if captured else []
         self.pool = GraphPool(self._frame, keys, device) if graphs else None
+        # Prefills are captured per padded (requests, width) within four prompt budgets of positions: a step
+        # admits up to one budget, padded to powers of two on both sides.
+        positions = 4 * stage_cfg.max_num_batched_tokens
+        widths = [w for w in (16, 32, 64, 128, 256, 512, 1024, 2048) if w <= min(self.capacity, positions)]
+        keys = [(k, w) for w in widths for k in self.capture_sizes if k * w <= positions] if captured else []
+        self.prefill_pool = None
+        if keys:
+            self.prefill_in = torch.zeros(max(k for k, _ in keys), max(widths), shape.hidden, dtype=self.dtype,
+                                          device=device)
+            self.prefill_slots = torch.full((len(self.prefill_in),), self.spare, device=device)
+            self.host_slots = torch.full((len(self.prefill_in),), self.spare, pin_memory=True)
+            self.prefill_pool = GraphPool(lambda k, w: self._prefill(self.prefill_in[:k, :w], self.prefill_slots[:k]),
+                                          keys, device)
 
     def release(self, seq: Sequence) -> None:
         if seq.slot is not None:
@@ -203,26 +208,35 @@ class V2Runner(ModelRunner):
         super().release(seq)
 
     @torch.no_grad()
-    def prefill(self, seqs: list[Sequence]):
+    def prefill(self, seqs: list[Sequence]) -> None:
         """One talker pass over all these prompts, right-padded to the longest, each into its own slot's
         rows.  A padded position's keys land past its request's prompt, where its own decode steps
         overwrite them, in order, before any query can see them."""
-        lens = [seq.prompt.shape[0] for seq in seqs]
-        width = max(lens)
-        prompts = pad_sequence([seq.prompt for seq in seqs], batch_first=True)
-        positions = torch.arange(width, device=self.device)[None].expand(len(seqs), width)
-        slots = torch.tensor([seq.slot for seq in seqs], device=self.device)
-        hidden, logits = self.talker(prompts, positions, self.kv.view(slots, positions, _bucket(width)))
-        for seq, s in zip(seqs, lens):
-            seq.num_tokens = s
-        rows = torch.arange(len(seqs), device=self.device)
-        last = torch.tensor(lens, device=self.device) - 1
-        return hidden[rows, last], logits[rows, last]
+        prompts = [self.take_prompt(seq) for seq in seqs]
+        slots = [seq.slot for seq in seqs]
+        k, width = len(prompts), max(len(p) for p in prompts)
+        if width == 0:
+            return
+        key = min(((kp, w) for kp, w in self.prefill_pool.graphs if kp >= k and w >= width),
+                  key=lambda kw: kw[0] * kw[1], default=None) if self.prefill_pool else None
+        if key is None:
+            self._prefill(pad_sequence(prompts, batch_first=True), torch.tensor(slots, device=self.device))
+            return
+        self.prefill_in[:k, :width] = pad_sequence(prompts, batch_first=True)
+        self.host_slots[:k] = torch.tensor(slots)
+        self.host_slots[k:] = self.spare
+        self.prefill_slots.copy_(self.host_slots, non_blocking=True)
+        self.prefill_pool(*key)
+
+    def _prefill(self, prompts: torch.Tensor, slots: torch.Tensor) -> None:
+        b, width = prompts.shape[:2]
+        positions = torch.arange(width, device=self.device)[None].expand(b, width)
+        self.talker.decoder(prompts, positions, self.kv.view(slots, positions, width))
 
     def _frame(self, bs: int, key_len: int):
         positions = self.in_pos[:bs]
         hidden, logits = self.talker(self.in_embeds[:bs], positions, self.kv.view(0, positions, key_len))
-        return self.next_frame(hidden[:, 0], logits[:, 0], self.rows[:bs], static_cp=self.graphs)
+        return self.next_frame(hidden[:, 0], logits[:, 0], self.rows[:bs])
 
     @torch.no_grad()
     def decode(self, seqs: list[Sequence]) -> torch.Tensor:
@@ -264,10 +278,6 @@ def _fit_kv(shape, slots, max_len, dtype, device, utilization) -> int:
             f"{total / gib:.0f} GiB on {device.type} allows {budget / gib:.1f} GiB; lower stages.0.max_num_seqs, "
             f"raise stages.0.gpu_memory_utilization, or use runner v1")
     return fits
-
-
-def _bucket(n: int, step: int = 256) -> int:
-    return -(-n // step) * step
 
 
 def _buckets(kv_len: int) -> list[int]:

@@ -48,7 +48,7 @@ class TorchTalker:
         # watchdog calls a long wait there a handoff stall, not a stalled stage.
         self.handoffs_begun = self.handoffs_done = 0
         self.handoff_request: str | None = None
-        # decode: the running requests' frame; admit: new requests' prefills and first frames; readback: waiting
+        # admit: new requests' prefills; decode: every running request's frame, new ones included; readback: waiting
         # for the step's codes; handoff: windows to stage 1 and finished requests
         self.clock = Clock("decode", "admit", "readback", "handoff")
 
@@ -124,17 +124,15 @@ class TorchTalker:
     def step(self) -> None:
         self.steps += 1
         self.stepping = list(self.running)
-        batches: list[tuple[list[Sequence], torch.Tensor]] = []
-        if self.running:
-            with self.clock.part("decode"):
-                batches.append((list(self.running), self.runner.decode(self.running)))
         with self.clock.part("admit"):
-            self._prefill_waiting(batches)
-        if not batches:
+            self._prefill_waiting()
+        if not self.running:
             return
-        rows = [seq for seqs, _ in batches for seq in seqs]
+        rows = list(self.running)
+        with self.clock.part("decode"):
+            codes = self.runner.decode(rows)
         with self.clock.part("readback"):
-            codes = torch.cat([c for _, c in batches]).cpu().numpy()   # the step's one read-back
+            codes = codes.cpu().numpy()   # the step's one read-back
         with self.clock.part("handoff"):
             for seq, frame in zip(rows, codes):
                 with self.isolated(seq.request_id):
@@ -147,9 +145,9 @@ class TorchTalker:
                         self._finish(seq)
         self.stepping = []
 
-    def _prefill_waiting(self, batches: list) -> None:
-        """Prefill waiting requests within max_num_seqs and the prompt budget; their first frames join the
-        step's batches."""
+    def _prefill_waiting(self) -> None:
+        """Prefill waiting requests within max_num_seqs and the prompt budget; they decode their first
+        frame in this step's batch."""
         budget = self.stage.max_num_batched_tokens
         admitted = []
         while self.waiting and len(self.running) + len(admitted) < self.stage.max_num_seqs:
@@ -162,7 +160,7 @@ class TorchTalker:
             self.runner.add(seq)
             admitted.append(seq)
         if admitted:
-            batches.append((admitted, self.runner.prefill_frames(admitted, *self.runner.prefill(admitted))))
+            self.runner.prefill(admitted)
         self.running += admitted
 
     def _hand_off(self, seq: Sequence, finished: bool) -> None:

@@ -96,6 +96,7 @@ class CodePredictor(nn.Module):
     def __init__(self, shape: DecoderShape, talker_hidden: int):
         super().__init__()
         h = shape.hidden
+        self.shape = shape
         self.in_proj = nn.Linear(talker_hidden, h, bias=False)
         self.embed0 = nn.Embedding(CODEC_VOCAB, h)
         self.embeds = nn.Parameter(torch.empty(CODEBOOKS - 2, CODEBOOK_SIZE, h))   # codebooks 1..14 as inputs
@@ -107,10 +108,6 @@ class CodePredictor(nn.Module):
     def embed(self, j: int, codes: torch.Tensor) -> torch.Tensor:
         """Input embedding for position j+1, from the token of codebook j."""
         return self.embed0(codes) if j == 0 else self.embeds[j - 1][codes]
-
-    def hidden(self, seq: torch.Tensor, cache) -> torch.Tensor:
-        positions = torch.arange(seq.shape[1], device=seq.device).expand(seq.shape[0], -1)
-        return self.decoder(seq, positions, cache)
 
     def logits(self, j: int, hidden_j: torch.Tensor) -> torch.Tensor:
         """Logits of codebook j (1..15) from the hidden state at position j."""
