@@ -127,6 +127,10 @@ def main() -> None:
             sync(talker.device)
         if args.trace:
             prof.export_chrome_trace(f"{args.trace}/step-{runner}.json")
+        if talker.device.type == "cuda":
+            kernels = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+            print(f"\n{sum(e.count for e in kernels) / 5:.0f} device operations a step, "
+                  f"{sum(e.self_device_time_total for e in kernels) / 5 / 1000:.2f} ms of device time")
         for key in (["self_cuda_time_total"] if talker.device.type == "cuda" else []) + ["self_cpu_time_total"]:
             print(f"\n### top operators by {key} (5 steps)\n")
             print(prof.key_averages().table(sort_by=key, row_limit=18, max_name_column_width=48))

@@ -188,9 +188,10 @@ class V2Runner(ModelRunner):
         captured = graphs and device.type == "cuda"
         keys = [(bs, kl) for bs in self.capture_sizes for kl in self.buckets] if captured else []
         self.pool = GraphPool(self._frame, keys, device) if graphs else None
-        # Prefills are captured per padded (requests, width) within four prompt budgets of positions: a step
-        # admits up to one budget, padded to powers of two on both sides.
-        positions = 4 * stage_cfg.max_num_batched_tokens
+        # Prefills are captured per padded (requests, width) within four prompt budgets of positions (a step
+        # admits up to one budget, padded to powers of two on both sides), and at most 4096: past that the
+        # graphs' memory grows and the launches a graph saves no longer matter.
+        positions = min(4 * stage_cfg.max_num_batched_tokens, 4096)
         widths = [w for w in (16, 32, 64, 128, 256, 512, 1024, 2048) if w <= min(self.capacity, positions)]
         keys = [(k, w) for w in widths for k in self.capture_sizes if k * w <= positions] if captured else []
         self.prefill_pool = None
