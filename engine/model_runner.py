@@ -49,7 +49,7 @@ class ModelRunner:
 
     def __init__(self, models, stage_cfg, device: torch.device, graphs: bool, max_len: int):
         self.talker, self.cp = models.talker, models.code_predictor
-        self.device, self.graphs, self.max_len = device, graphs, max_len
+        self.device = device
         self.capacity = max_len   # positions one request may use: prompt and frames
         self.max_seqs = stage_cfg.max_num_seqs
         self.dtype = self.talker.codec_head.weight.dtype
@@ -66,8 +66,9 @@ class ModelRunner:
         cp = self.cp.shape
         self.cp_in = torch.zeros(self.max_seqs, CODEBOOKS, cp.hidden, dtype=self.dtype, device=device)
         self.cp_kv = StaticKV(cp.layers, self.max_seqs, CODEBOOKS, cp.kv_heads, cp.head_dim, self.dtype, device)
-        # pass j reads positions j..j (pass 1 also position 0, the talker's hidden state)
-        self.cp_positions = [torch.arange(0 if j == 1 else j, j + 1, device=device)[None] for j in range(CODEBOOKS)]
+        # pass j runs position j; pass 1 also position 0, the talker's hidden state
+        self.cp_spans = [slice(0 if j == 1 else j, j + 1) for j in range(CODEBOOKS)]
+        self.cp_positions = [torch.arange(s.start, s.stop, device=device)[None] for s in self.cp_spans]
         self.cp_pool: GraphPool | None = None   # runner v1 replays the passes; v2 runs them inside its frame graph
 
     def add(self, seq: Sequence) -> None:
@@ -117,8 +118,7 @@ class ModelRunner:
     def cp_pass(self, b: int, j: int) -> torch.Tensor:
         """The code predictor's hidden state at position j for rows 0..b-1: [b, hidden]."""
         positions = self.cp_positions[j].expand(b, -1)
-        first = 0 if j == 1 else j
-        return self.cp.decoder(self.cp_in[:b, first:j + 1], positions, self.cp_kv.view(0, positions))[:, -1]
+        return self.cp.decoder(self.cp_in[:b, self.cp_spans[j]], positions, self.cp_kv.view(0, positions))[:, -1]
 
     def take_prompt(self, seq: Sequence) -> torch.Tensor:
         """What a prefill writes to the cache: all of the prompt but its last position, which becomes the
@@ -132,6 +132,12 @@ class V1Runner(ModelRunner):
     """Builds the batch anew every step from per-request caches, and runs the talker eagerly."""
     name = "v1"
 
+    def __init__(self, models, stage_cfg, device, graphs, max_len):
+        super().__init__(models, stage_cfg, device, graphs, max_len)
+        if graphs:   # the code predictor's passes, per padded batch size; the talker runs eagerly
+            keys = [(bs, j) for bs in self.capture_sizes for j in range(1, CODEBOOKS)]
+            self.cp_pool = GraphPool(self.cp_pass, keys, device)
+
     def add(self, seq: Sequence) -> None:
         super().add(seq)
         seq.kv = RequestKV(len(self.talker.decoder.layers))
@@ -139,12 +145,6 @@ class V1Runner(ModelRunner):
     def release(self, seq: Sequence) -> None:
         super().release(seq)
         seq.kv = None
-
-    def __init__(self, models, stage_cfg, device, graphs, max_len):
-        super().__init__(models, stage_cfg, device, graphs, max_len)
-        if graphs:   # the code predictor's passes, per padded batch size; the talker runs eagerly
-            keys = [(bs, j) for bs in self.capture_sizes for j in range(1, CODEBOOKS)]
-            self.cp_pool = GraphPool(self.cp_pass, keys, device)
 
     @torch.no_grad()
     def prefill(self, seqs: list[Sequence]) -> None:
