@@ -7,11 +7,12 @@ Each way runs the lane exactly as `lanekeeper run` does (its own artifacts direc
 a temporary one), and reports wall time, the tests it ran, and whether the merged result
 (`lanekeeper report` over every JUnit file) counts the same tests as the whole run: a
 spread-out lane that drops or repeats a test is not faster, it is wrong.  Prints a
-Markdown table.
+Markdown table.  Stopped early (^C, SIGTERM), it stops the lanes it started and waits for them.
 """
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 from ci import junit, lanes, report
+from engine.procs import kill_tree
 from engine.profile_doc import ProfileDoc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,9 +34,20 @@ def lanekeeper(*args: str) -> subprocess.Popen:
 def timed(runs: list[list[str]], out: Path) -> tuple[float, dict]:
     """Start every run at once, wait for all; wall time and the merged totals of their JUnit files."""
     t0 = time.monotonic()
-    procs = [lanekeeper(*args) for args in runs]
-    for p in procs:
-        p.wait()
+    procs = []
+    try:
+        procs += [lanekeeper(*args) for args in runs]
+        for p in procs:
+            p.wait()
+    finally:   # stopped early: each lane passes SIGTERM to its pytest, which ends its engines and reports
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                kill_tree([p.pid])
     wall = time.monotonic() - t0
     cases = [c for f in sorted(out.rglob("junit.xml")) for c in junit.parse(f)]
     return wall, report.summarize(cases)["totals"] | {"tests": len(cases)}
@@ -45,15 +58,17 @@ def main() -> int:
     ap.add_argument("lane", help="lane key or label")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument("--lanes-file", type=Path, default=lanes.LANES_FILE)
     args = ap.parse_args()
-    lane = lanes.find(args.lane)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))   # unwinds: the lanes stop too
+    lane = lanes.find(args.lane, lanes.load(args.lanes_file))
     rows = []
     with tempfile.TemporaryDirectory(prefix="lane-scaling-") as tmp:
         tmp = Path(tmp)
         # workers are a property of the lane: each way reads a copy of the lanes file, serial (and each
         # shard) with none, the -n run with --workers
         for name, workers in (("serial", None), ("workers", args.workers)):
-            doc = ProfileDoc.load(lanes.LANES_FILE)
+            doc = ProfileDoc.load(args.lanes_file)
             entry = next(l for l in doc.data["lanes"] if l["key"] == lane.key)
             if workers is None:
                 entry.pop("workers", None)

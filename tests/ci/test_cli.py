@@ -112,3 +112,37 @@ def test_sigterm_to_a_running_lane_leaves_junit_and_its_own_status(tmp_path):
     cut = [c for c in cases if c.find("failure") is not None or c.find("error") is not None]
     assert len(cut) == 1 and "interrupted: received signal 15" in ET.tostring(cut[0], encoding="unicode")
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_sigterm_to_lane_scaling_stops_the_lanes_it_started(tmp_path):
+    """The benchmark runs lanes of its own; stopped mid-lane, it stops them and leaves nothing running."""
+    import signal
+    import time
+
+    import psutil
+
+    from tests.helpers.lanes import one_lane_file
+    from tests.helpers.procs import gone
+
+    lanes_file = one_lane_file(tmp_path, "long", "batch_of_32 or streaming_equals")
+    proc = subprocess.Popen([sys.executable, "benchmarks/lane_scaling.py", "long", "--lanes-file", str(lanes_file)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        bench = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:   # the serial run's engine is up
+            if len([p for p in bench.children(recursive=True) if _name(p).startswith("lk")]) >= 2:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the benchmark ended before a lane's engine started"
+        tree = bench.children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        output = proc.stdout.read().decode(errors="replace")
+        proc.stdout.close()
+    assert code == 128 + signal.SIGTERM, output[-3000:]
+    assert gone([p.pid for p in tree]), [p for p in tree if p.is_running()]
