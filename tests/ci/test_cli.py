@@ -70,10 +70,40 @@ def _name(proc) -> str:
         return ""
 
 
-def test_sigterm_to_a_running_lane_leaves_junit_and_its_own_status(tmp_path):
-    """A cancelled CI job: SIGTERM mid-test, then the lane has 10 s before SIGKILL. It needs far less."""
+def _sigterm_once_an_engine_is_up(cmd: list[str], settle: float = 0.0, timeout: float = 30):
+    """Start cmd, wait until an engine's two stages run under it, let it settle, then SIGTERM it.
+    Returns its exit code, its output, the process tree it had, and the seconds it took to exit."""
     import signal
     import time
+
+    import psutil
+
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        root = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            if len([p for p in root.children(recursive=True) if _name(p).startswith("lk")]) >= 2:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, f"{cmd} ended before an engine started"
+        tree = root.children(recursive=True)
+        time.sleep(settle)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=timeout)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        output = proc.stdout.read().decode(errors="replace")
+        proc.stdout.close()
+    return code, output, tree, elapsed
+
+
+def test_sigterm_to_a_running_lane_leaves_junit_and_its_own_status(tmp_path):
+    """A cancelled CI job: SIGTERM mid-test, then the lane has 10 s before SIGKILL. It needs far less."""
     import xml.etree.ElementTree as ET
 
     import psutil
@@ -82,29 +112,9 @@ def test_sigterm_to_a_running_lane_leaves_junit_and_its_own_status(tmp_path):
 
     lanes_file = one_lane_file(tmp_path, "long", "batch_of_32 or streaming_equals")
     art = tmp_path / "art"
-    proc = subprocess.Popen([sys.executable, "-m", "ci.cli", "run", "long", "--lanes-file", str(lanes_file),
-                             "--artifacts", str(art)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        lane = psutil.Process(proc.pid)
-        deadline = time.monotonic() + 120
-        while proc.poll() is None and time.monotonic() < deadline:   # wait for an engine's stages to be up
-            stages = [p for p in lane.children(recursive=True) if _name(p).startswith("lk")]
-            if len(stages) >= 2:
-                break
-            time.sleep(0.2)
-        assert proc.poll() is None, "the lane ended before its engine started"
-        tree = lane.children(recursive=True)
-        time.sleep(1.0)
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=30)
-        elapsed = time.monotonic() - t0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        output = proc.stdout.read().decode(errors="replace")
-        proc.stdout.close()
+    code, output, tree, elapsed = _sigterm_once_an_engine_is_up(
+        [sys.executable, "-m", "ci.cli", "run", "long", "--lanes-file", str(lanes_file), "--artifacts", str(art)],
+        settle=1.0)
     assert elapsed < 8, output[-3000:]
     assert code == 2, output[-3000:]                   # pytest's own "interrupted", not a signal death
     cases = list(ET.parse(art / "junit.xml").getroot().iter("testcase"))
@@ -117,32 +127,12 @@ def test_sigterm_to_a_running_lane_leaves_junit_and_its_own_status(tmp_path):
 def test_sigterm_to_lane_scaling_stops_the_lanes_it_started(tmp_path):
     """The benchmark runs lanes of its own; stopped mid-lane, it stops them and leaves nothing running."""
     import signal
-    import time
-
-    import psutil
 
     from tests.helpers.lanes import one_lane_file
     from tests.helpers.procs import gone
 
     lanes_file = one_lane_file(tmp_path, "long", "batch_of_32 or streaming_equals")
-    proc = subprocess.Popen([sys.executable, "benchmarks/lane_scaling.py", "long", "--lanes-file", str(lanes_file)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        bench = psutil.Process(proc.pid)
-        deadline = time.monotonic() + 120
-        while proc.poll() is None and time.monotonic() < deadline:   # the serial run's engine is up
-            if len([p for p in bench.children(recursive=True) if _name(p).startswith("lk")]) >= 2:
-                break
-            time.sleep(0.2)
-        assert proc.poll() is None, "the benchmark ended before a lane's engine started"
-        tree = bench.children(recursive=True)
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        output = proc.stdout.read().decode(errors="replace")
-        proc.stdout.close()
+    code, output, tree, _ = _sigterm_once_an_engine_is_up(
+        [sys.executable, "benchmarks/lane_scaling.py", "long", "--lanes-file", str(lanes_file)], timeout=60)
     assert code == 128 + signal.SIGTERM, output[-3000:]
     assert gone([p.pid for p in tree]), [p for p in tree if p.is_running()]
