@@ -14,10 +14,10 @@ import argparse
 
 import numpy as np
 
-from engine.config import resolve
-from engine.messages import Codes
+from engine.profile.resolve import resolve
+from engine.stage.messages import Codes
 from engine.request import SpeechRequest
-from engine.torch_talker import TorchTalker
+from engine.stage0.torch_backend import TorchTalker
 from offline_matrix import model_args   # this script's folder is on sys.path when run
 
 

@@ -19,9 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from ci import junit, lanes, report
-from engine.procs import kill_tree
-from engine.profile_doc import ProfileDoc
+from ci.run import junit
+from ci.lanes import schema as lanes
+from ci.run import report
+from engine.process.tree import kill_tree
+from engine.profile.document import ProfileDoc
 
 ROOT = Path(__file__).resolve().parents[1]
 

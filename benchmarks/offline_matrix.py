@@ -15,11 +15,11 @@ import statistics
 import time
 
 from ci.matrix import CUDA_GRAPH, HANDOFFS, RUNNERS, cells
-from engine.config import resolve
-from engine.profile_schema import BACKENDS
-from engine.engine import TTSEngine
+from engine.profile.resolve import resolve
+from engine.profile.schema import BACKENDS
+from engine.runtime.engine import TTSEngine
 from engine.request import SpeechRequest
-from engine.vllm_talker import unsupported
+from engine.stage0.vllm_backend import unsupported
 from results import percentile, record   # this script's folder is on sys.path when run
 
 

@@ -17,7 +17,7 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from ci.remote_server import RemoteServer
+from engine.serve.launcher import RemoteServer
 from results import percentile, record   # this script's folder is on sys.path when run
 
 SENTENCES = ["The talker emits one codec frame per step.", "Short reply.",

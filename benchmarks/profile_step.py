@@ -15,9 +15,9 @@ from collections import defaultdict
 
 import torch
 
-from engine.config import resolve
+from engine.profile.resolve import resolve
 from engine.request import SpeechRequest
-from engine.torch_talker import TorchTalker
+from engine.stage0.torch_backend import TorchTalker
 from offline_matrix import model_args   # this script's folder is on sys.path when run
 
 

@@ -31,9 +31,9 @@ from collections import Counter
 import httpx
 import psutil
 
-from ci.remote_server import RemoteServer
-from engine.presets import SAMPLES_PER_FRAME
-from engine.tokenizer import frames_for_text
+from engine.serve.launcher import RemoteServer
+from engine.models.presets import SAMPLES_PER_FRAME
+from engine.models.tokenizer import frames_for_text
 
 TEXTS = ["Short reply.", "The talker emits one codec frame per step.",
          "A medium length sentence for the soak test, spoken at an even pace.",

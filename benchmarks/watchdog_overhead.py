@@ -12,8 +12,8 @@ import argparse
 import statistics
 import time
 
-from engine.config import resolve
-from engine.engine import TTSEngine
+from engine.profile.resolve import resolve
+from engine.runtime.engine import TTSEngine
 from engine.request import SpeechRequest
 
 MODES = {"on": [], "off": ["watchdog.enabled=false", "watchdog.heartbeat_interval_s=3600"]}

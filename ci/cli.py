@@ -11,27 +11,10 @@ import json
 import os
 import sys
 
-from ci.argtypes import port, seconds, whole_number
-from engine.config import check_file, dump_yaml, resolve
+from engine.profile.resolve import check_file, dump_yaml, resolve
 from engine.errors import EngineError, UserError
-from engine.profile_schema import BACKENDS, PLATFORMS
-
-
-class _Backend(argparse.Action):
-    """`--backend vllm` is `--set backend=vllm`, in its place among the other overrides."""
-
-    def __call__(self, parser, namespace, value, option_string=None):
-        namespace.overrides = [*namespace.overrides, f"backend={value}"]
-
-
-def _profile_args(p: argparse.ArgumentParser, profile_default: str | None = "qwen3_tts") -> None:
-    if profile_default is not None:
-        p.add_argument("--profile", default=profile_default, help="profile name or path (default: %(default)s)")
-    p.add_argument("--platform", choices=PLATFORMS, help="platform section to apply (default: detected)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a resolved value, e.g. stages.0.enforce_eager=true (repeatable)")
-    p.add_argument("--backend", choices=BACKENDS, action=_Backend,
-                   help="stage-0 backend: torch (built-in talker) or vllm (codebook 0 on vLLM)")
+from engine.profile.location import ROOT_ENV, profile_source
+from engine.serve.commands import add_parsers as add_engine_parsers, profile_args
 
 
 def cmd_profile_show(args) -> int:
@@ -41,20 +24,21 @@ def cmd_profile_show(args) -> int:
         print(json.dumps(data, indent=2))
     elif args.explain:
         width = max(len(k) for k in prof.flat())
-        print(f"# {prof.name} on {prof.platform}")
+        print(f"# {prof.name} on {prof.platform} from {prof.path} ({profile_source().origin})")
         for key, item in prof.explain().items():
             print(f"{key:<{width}}  {json.dumps(item['value']):<12}  # {item['source']}")
     else:
-        print(f"# {prof.name} resolved for {prof.platform}")
+        print(f"# {prof.name} resolved for {prof.platform} from {prof.path} ({profile_source().origin})")
         print(dump_yaml(prof.to_dict()), end="")
     return 0
 
 
 def cmd_profile_check(args) -> int:
-    from engine.config import PROFILES_DIR
-    from engine.pins import profile_names
+    from engine.profile.location import profiles_dir
+    from engine.profile.pins import profile_names
 
-    paths = args.paths or [str(PROFILES_DIR / f"{name}.yaml") for name in profile_names(PROFILES_DIR)]
+    directory = profiles_dir()
+    paths = args.paths or [str(directory / f"{name}.yaml") for name in profile_names(directory)]
     bad = 0
     for path in paths:
         errors = check_file(path)
@@ -69,8 +53,12 @@ def cmd_profile_check(args) -> int:
 def cmd_profile_pin(args) -> int:
     from pathlib import Path
 
-    from engine import pins
+    from engine.profile import pins
 
+    if args.profiles_dir is None:
+        from engine.profile.location import profiles_dir
+
+        args.profiles_dir = str(profiles_dir())
     if not Path(args.profiles_dir).is_dir() or not pins.profile_names(args.profiles_dir):
         raise UserError(f"--profiles-dir {args.profiles_dir}: no directory of profiles (*.yaml) there")
     if args.check:
@@ -91,25 +79,6 @@ def cmd_profile_pin(args) -> int:
     return 0
 
 
-def cmd_serve(args) -> int:
-    import faulthandler
-    import os
-
-    from engine.procs import STACK_DIR_ENV, STACK_DUMP_SIGNAL, stack_file
-    from engine.server import serve
-
-    stack_dir = os.environ.get(STACK_DIR_ENV)
-    if stack_dir and os.path.isdir(stack_dir):
-        faulthandler.register(STACK_DUMP_SIGNAL, file=open(stack_file(stack_dir, os.getpid()), "w"), all_threads=True)
-
-    from engine.supervisor import RestartPolicy
-
-    profile = resolve(args.profile, platform=args.platform, overrides=args.overrides)
-    policy = RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window)
-    return serve(profile, host=args.host, port=args.port, allowed_local_media_path=args.allowed_local_media_path,
-                 policy=policy)
-
-
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -122,45 +91,31 @@ def _version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lanekeeper", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--root", metavar="DIR", help="the checkout to act on (default: the nearest one at or above "
+                                                      "the working directory)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     profile = sub.add_parser("profile", help="resolve and validate deploy profiles")
     psub = profile.add_subparsers(dest="profile_command", required=True)
     show = psub.add_parser("show", help="print a resolved profile")
     show.add_argument("name", help="profile name (profiles/NAME.yaml) or path")
-    _profile_args(show, profile_default=None)
+    profile_args(show, profile_default=None)
     show.add_argument("--json", action="store_true", help="print JSON")
     show.add_argument("--explain", action="store_true", help="add where each value came from")
     show.set_defaults(func=cmd_profile_show)
     check = psub.add_parser("check", help="validate profiles on every platform")
     check.add_argument("paths", nargs="*", help="profile files (default: every profile)")
     check.set_defaults(func=cmd_profile_check)
-    from engine.config import PROFILES_DIR
-
     pin = psub.add_parser("pin", help="regenerate profiles/pins.yaml from the profiles")
     pin.add_argument("names", nargs="*", help="only these profiles (default: every profile)")
     pin.add_argument("--check", action="store_true", help="change nothing; print the drift as a diff, exit 1 on drift")
-    pin.add_argument("--profiles-dir", default=str(PROFILES_DIR), help="default: %(default)s")
+    pin.add_argument("--profiles-dir", default=None, help="default: the checkout's profiles/")
     pin.set_defaults(func=cmd_profile_pin)
 
-    from ci import synth
+    add_engine_parsers(sub)
 
-    synth.add_parser(sub, _profile_args)
-
-    serve = sub.add_parser("serve", help="serve the OpenAI-compatible speech API")
-    _profile_args(serve)
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    serve.add_argument("--port", type=port, default=8000, help="port to listen on (default: %(default)s)")
-    serve.add_argument("--allowed-local-media-path", metavar="DIR",
-                       help="directory that file:// ref_audio paths may read from")
-    serve.add_argument("--max-restarts", type=whole_number(0), default=5, metavar="N",
-                       help="engine restarts allowed within --restart-window; one more and the server exits "
-                            "with status 4 (default: %(default)s)")
-    serve.add_argument("--restart-window", type=seconds, default=300.0, metavar="SECONDS",
-                       help="the window --max-restarts counts over (default: %(default)s)")
-    serve.set_defaults(func=cmd_serve)
-
-    from ci import lane_commands, rollback_commands
+    from ci.run import commands as lane_commands
+    from ci.rollback import commands as rollback_commands
 
     lane_commands.add_parsers(sub)
     rollback_commands.add_parsers(sub)
@@ -170,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from ci import ci_api
+    if args.root:   # the environment carries it to the lane's pytest and the servers it starts
+        os.environ[ROOT_ENV] = os.path.abspath(args.root)
+    from ci.run import ci_api
 
     try:
         if hasattr(args, "api_deadline"):   # one deadline for all of this command's API calls

@@ -1,40 +1,16 @@
-"""The test matrix: runner x CUDA graphs x handoff (on one stage-0 backend), and what each axis sets
-in a profile.
-
-The graphs-off cell mirrors vllm-omni's `no_cuda_graph` test: an eager talker with no
-async scheduling (code2wav, stage 1, has no graphs or scheduler to turn off).
-"""
+"""The test matrix: runner x CUDA graphs x handoff (on one stage-0 backend), its cells and their ids in
+test names.  What each axis sets in a profile is `engine.profile.axes`."""
 from __future__ import annotations
 
 import itertools
 import re
 from dataclasses import dataclass
 
-from engine.config import cell_id
-from engine.profile_schema import BACKENDS
-
-RUNNERS = ("v1", "v2")
-CUDA_GRAPH = ("on", "off")
-HANDOFFS = ("async_chunk", "full_payload")
-
+from engine.profile.axes import CUDA_GRAPH, HANDOFFS, RUNNERS, axis_overrides, cell_id
+from engine.profile.schema import BACKENDS
 
 # Tests use short watchdog deadlines so that a stall turns red in seconds.
 TEST_WATCHDOG = ["watchdog.handoff_deadline_s=5", "watchdog.stage_deadline_s=10"]
-
-
-def axis_overrides(runner: str | None = None, cuda_graph: str | None = None,
-                   handoff: str | None = None) -> list[str]:
-    out = []
-    if runner:
-        out.append(f"model_runner={runner}")
-    if cuda_graph:
-        eager = str(cuda_graph == "off").lower()
-        out.append(f"stages.0.enforce_eager={eager}")
-        if cuda_graph == "off":
-            out.append("stages.0.async_scheduling=false")
-    if handoff:
-        out.append(f"async_chunk={str(handoff == 'async_chunk').lower()}")
-    return out
 
 
 @dataclass(frozen=True)
@@ -50,7 +26,7 @@ class Cell:
 
     @property
     def overrides(self) -> list[str]:
-        return axis_overrides(self.runner, self.cuda_graph, self.handoff) + \
+        return axis_overrides(self.runner, self.cuda_graph, self.handoff, self.backend) + \
             ([f"backend={self.backend}"] if self.backend != "torch" else [])
 
     @classmethod

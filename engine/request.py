@@ -9,7 +9,7 @@ import numpy as np
 
 from engine.diagnosis import Diagnosis
 from engine.errors import UserError
-from engine.tokenizer import LANGUAGES, TASK_TYPES, VOICES
+from engine.models.tokenizer import LANGUAGES, TASK_TYPES, VOICES
 
 _ids = itertools.count()
 

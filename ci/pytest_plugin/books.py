@@ -8,7 +8,7 @@ import pytest
 from ci.pytest_plugin.run import RUN, RunState, is_worker
 from ci.pytest_plugin.stalls import Incident, diagnosis_of, write_stall_report
 from ci.pytest_plugin.timeouts import budget, budget_exhausted
-from ci.report import Case, render, summarize
+from ci.run.report import Case, render, summarize
 
 
 class Books:
@@ -81,7 +81,7 @@ def only_skips(state: RunState) -> list[str] | None:
 
 def pytest_sessionfinish(session, exitstatus):
     state = session.config.stash[RUN]
-    if budget_exhausted(session):
+    if budget_exhausted(session.config):
         state.budget_hit = True
     if is_worker(session.config):
         session.config.workeroutput["lanekeeper_budget_hit"] = state.budget_hit

@@ -5,14 +5,12 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from engine.procs import engine_processes, kill_tree
+from engine.process.tree import engine_processes, kill_tree
+from engine.runtime.registry import REGISTRY
 
 
 def stray_engine_processes() -> list[psutil.Process]:
-    from ci.remote_server import live_server_pids
-    from engine.engine import live_engine_pids
-
-    owned = live_engine_pids() | live_server_pids()
+    owned = REGISTRY.owned_pids()
     stray = []
     for proc in engine_processes():
         try:

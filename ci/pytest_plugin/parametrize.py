@@ -6,27 +6,27 @@ from __future__ import annotations
 import pytest
 
 from ci.matrix import CUDA_GRAPH, HANDOFFS, RUNNERS, TEST_WATCHDOG, cells
-from ci.pytest_plugin.run import RUN
+from ci.pytest_plugin.run import RUN, matrix_on
 
 
 def selected_cells(config):
-    return cells(config.getoption("runner") or RUNNERS, config.getoption("cuda_graph") or CUDA_GRAPH,
-                 config.getoption("handoff") or HANDOFFS, config.getoption("backend"))
+    return cells(config.getoption("lk_runner") or RUNNERS, config.getoption("lk_cuda_graph") or CUDA_GRAPH,
+                 config.getoption("lk_handoff") or HANDOFFS, config.getoption("lk_backend"))
 
 
 def unsupported_cells(config, chosen) -> dict[str, str]:
     """Cells the backend cannot run on this platform, with the backend's own reason (asked once a run)."""
-    if config.getoption("backend") != "vllm":
+    if config.getoption("lk_backend") != "vllm":
         return {}
     state = config.stash[RUN]
     if state.unsupported is None:
-        from engine.config import detect_platform, resolve
-        from engine.vllm_talker import unsupported
+        from engine.profile.resolve import detect_platform, resolve
+        from engine.stage0.vllm_backend import unsupported
 
-        platform = config.getoption("platform") or detect_platform()
+        platform = config.getoption("lk_platform") or detect_platform()
         state.unsupported = {}
         for cell in chosen:
-            reason = unsupported(resolve(config.getoption("profile"), platform=platform, overrides=cell.overrides))
+            reason = unsupported(resolve(config.getoption("lk_profile"), platform=platform, overrides=cell.overrides))
             if reason:
                 state.unsupported[cell.id] = reason
     return state.unsupported
@@ -34,20 +34,22 @@ def unsupported_cells(config, chosen) -> dict[str, str]:
 
 def shipped_profile(config):
     """The run's profile as shipped: only the test watchdog and the run's stage-0 backend set on it."""
-    from engine.config import detect_platform, resolve
+    from engine.profile.resolve import detect_platform, resolve
 
-    backend = config.getoption("backend")
-    return resolve(config.getoption("profile"), platform=config.getoption("platform") or detect_platform(),
+    backend = config.getoption("lk_backend")
+    return resolve(config.getoption("lk_profile"), platform=config.getoption("lk_platform") or detect_platform(),
                    overrides=TEST_WATCHDOG + ([f"backend={backend}"] if backend != "torch" else []))
 
 
 def pytest_generate_tests(metafunc):
+    if not matrix_on(metafunc.config):
+        return
     if "shipped" in metafunc.fixturenames:
         state = metafunc.config.stash[RUN]
         if state.shipped is None:   # resolved (and asked of vLLM) once a run
             profile, marks = shipped_profile(metafunc.config), []
             if profile.config.backend == "vllm":
-                from engine.vllm_talker import unsupported
+                from engine.stage0.vllm_backend import unsupported
 
                 reason = unsupported(profile)
                 marks = [pytest.mark.skip(reason=reason)] if reason else []

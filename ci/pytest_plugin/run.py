@@ -1,4 +1,10 @@
-"""What the plugin learns during one run, and the options every part of it reads."""
+"""What the plugin learns during one run, and the options every part of it reads.
+
+Options are prefixed `--lk-` so that the plugin, which loads in every project that installs
+lanekeeper, never collides with another plugin's (pytest-profiling has `--profile`).  The matrix
+(`cell` and `shipped` parametrisation, the profile and its axes) is on only where a project asks
+for it with the ini option `lanekeeper_matrix = true`, as this repository does.
+"""
 from __future__ import annotations
 
 import os
@@ -11,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from ci.argtypes import shard
 from ci.matrix import CUDA_GRAPH, HANDOFFS, RUNNERS
-from engine.profile_schema import BACKENDS
-from engine.procs import STACK_DIR_ENV
+from engine.process.stacks import STACK_DIR_ENV
+from engine.profile.schema import BACKENDS
+from engine.serve.argtypes import shard
 
 
 class RunState:
@@ -22,16 +28,16 @@ class RunState:
 
     def __init__(self, config):
         self.config = config
-        self.started = time.monotonic()
+        self.started = time.time()
         self.budget_hit = False
-        report_dir = config.getoption("report_dir")
+        report_dir = config.getoption("lk_report_dir")
         self.report_dir = Path(report_dir) if report_dir else None
         self.stack_dir = Path(tempfile.mkdtemp(prefix="lanekeeper-stacks-"))
         self.incidents: list = []                          # ci.pytest_plugin.stalls.Incident, in order
         self.stalled_cells: dict[str, str] = {}            # cell id -> the diagnosis, in words
         self.unsupported: dict[str, str] | None = None     # cell id -> why the backend cannot run it here
         self.shipped = None                                # the run's profile as shipped, as a test parameter
-        self.cases: dict = {}                              # node id -> its ci.junit.Case, as JUnit records it
+        self.cases: dict = {}                              # node id -> its ci.run.report.Case, as JUnit records it
 
 
 RUN = pytest.StashKey[RunState]()
@@ -42,19 +48,28 @@ def is_worker(config) -> bool:
     return hasattr(config, "workerinput")
 
 
+def matrix_on(config) -> bool:
+    return bool(config.getini("lanekeeper_matrix"))
+
+
 def pytest_addoption(parser):
+    parser.addini("lanekeeper_matrix", type="bool", default=False,
+                  help="parametrise tests that take `cell` or `shipped` over the runner x graph x handoff matrix")
+    parser.addini("lanekeeper_timeouts", type="linelist", default=[],
+                  help="default hard timeouts by marker, as MARKER=SECONDS lines (default=SECONDS for the rest); "
+                       "pytest-timeout's own settings win over them")
     group = parser.getgroup("lanekeeper")
-    group.addoption("--platform", default=None, help="platform to resolve profiles for (default: detected)")
-    group.addoption("--profile", default="qwen3_tts",
+    group.addoption("--lk-platform", default=None, help="platform to resolve profiles for (default: detected)")
+    group.addoption("--lk-profile", default="qwen3_tts",
                     help="deploy profile (name or path) the engines and servers run (default: %(default)s)")
-    group.addoption("--backend", choices=BACKENDS, default="torch",
+    group.addoption("--lk-backend", choices=BACKENDS, default="torch",
                     help="stage-0 backend the matrix runs on (default: torch, the built-in talker)")
-    group.addoption("--runner", choices=RUNNERS, action="append", help="only these model runners")
-    group.addoption("--cuda-graph", choices=CUDA_GRAPH, action="append", help="only these CUDA graph modes")
-    group.addoption("--handoff", choices=HANDOFFS, action="append", help="only these handoff modes")
-    group.addoption("--report-dir", default=os.environ.get("LANEKEEPER_REPORT_DIR"),
+    group.addoption("--lk-runner", choices=RUNNERS, action="append", help="only these model runners")
+    group.addoption("--lk-cuda-graph", choices=CUDA_GRAPH, action="append", help="only these CUDA graph modes")
+    group.addoption("--lk-handoff", choices=HANDOFFS, action="append", help="only these handoff modes")
+    group.addoption("--lk-report-dir", default=os.environ.get("LANEKEEPER_REPORT_DIR"),
                     help="directory for stall-report.json/.md and matrix-summary.md")
-    group.addoption("--shard", type=shard, default=None, metavar="K/N",
+    group.addoption("--lk-shard", type=shard, default=None, metavar="K/N",
                     help="run only shard K of N (a matrix cell is never split across shards)")
 
 
@@ -67,12 +82,13 @@ def pytest_configure(config):
     # close their engines and the JUnit file is still written.
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
-    from engine.config import ProfileError, find_profile
+    if matrix_on(config):
+        from engine.profile.resolve import ProfileError, find_profile
 
-    try:
-        find_profile(config.getoption("profile"))
-    except ProfileError as e:
-        raise pytest.UsageError(f"--profile: {e}") from None
+        try:
+            find_profile(config.getoption("lk_profile"))
+        except ProfileError as e:
+            raise pytest.UsageError(f"--lk-profile: {e}") from None
     state = RunState(config)
     config.stash[RUN] = state
     # Engine stages (here and in servers started from here) write faulthandler dumps to this directory.
@@ -81,15 +97,15 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def platform(pytestconfig) -> str:
-    from engine.config import detect_platform
+    from engine.profile.resolve import detect_platform
 
-    return pytestconfig.getoption("platform") or detect_platform()
+    return pytestconfig.getoption("lk_platform") or detect_platform()
 
 
 @pytest.fixture(scope="session")
 def profile_name(pytestconfig) -> str:
-    """The deploy profile under test: a lane's `profile:` arrives here as --profile."""
-    return pytestconfig.getoption("profile")
+    """The deploy profile under test: a lane's `profile:` arrives here as --lk-profile."""
+    return pytestconfig.getoption("lk_profile")
 
 
 def pytest_unconfigure(config):

@@ -25,9 +25,9 @@ def split(nodeids: list[str], shards: int) -> list[list[str]]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    if config.getoption("shard") is None:
+    if config.getoption("lk_shard") is None:
         return
-    k, n = config.getoption("shard")
+    k, n = config.getoption("lk_shard")
     keep = set(split([item.nodeid for item in items], n)[k - 1])
     config.hook.pytest_deselected(items=[item for item in items if item.nodeid not in keep])
     items[:] = [item for item in items if item.nodeid in keep]

@@ -22,11 +22,13 @@ from pydantic import BaseModel, ValidationError
 from ci.matrix import task_of
 from ci.pytest_plugin.parametrize import cell_of
 from ci.pytest_plugin.run import RUN, RunState
-from ci.pytest_plugin.timeouts import STARTED
+from ci.pytest_plugin.timeouts import STARTED, timed_out
 from engine.diagnosis import TIMEOUT, WATCHDOG_KINDS, Diagnosis
-from engine.procs import STACK_DUMP_SIGNAL, describe_process, engine_processes, kill_tree, stack_file
+from engine.process.stacks import STACK_DUMP_SIGNAL, stack_file
+from engine.process.tree import describe_process, engine_processes, kill_tree
+from engine.runtime.registry import REGISTRY
 
-from ci.junit import PROPERTY
+from ci.run.junit import PROPERTY
 
 
 class Incident(BaseModel):
@@ -99,13 +101,7 @@ def dump_stacks(state: RunState) -> dict[str, str]:
 
 
 def kill_engines() -> None:
-    from ci.remote_server import _LIVE as servers
-    from engine.engine import _LIVE as engines
-
-    for engine in list(engines):
-        engine.close(timeout=0.5)
-    for server in list(servers):
-        server.kill()
+    REGISTRY.kill_all()
     kill_tree(engine_processes())
 
 
@@ -122,13 +118,12 @@ def pytest_runtest_makereport(item, call):
     if not (report.failed and call.excinfo is not None) or \
             not (report.when == "call" or report.when == "setup"):
         return report
-    from engine.watchdog import DIAGNOSES
-
     exc = call.excinfo.value
     started = item.stash.get(STARTED, time.time())
-    found = diagnoses_in(exc) or [d for t, d in list(DIAGNOSES) if t >= started]
-    if "from pytest-timeout" in str(exc):
-        diagnosis = Diagnosis(kind=TIMEOUT, message=str(exc).strip().splitlines()[0])
+    found = diagnoses_in(exc) or REGISTRY.diagnoses_since(started)
+    timeout = timed_out(item, exc)
+    if timeout is not None:
+        diagnosis = Diagnosis(kind=TIMEOUT, message=f"Timeout: {item.nodeid} ran past its hard timeout of {timeout:g}s")
     elif found:
         diagnosis = found[0]
     else:

@@ -11,7 +11,7 @@ from safetensors import safe_open
 from engine.errors import UserError
 from engine.models.code2wav import CodecDecoder
 from engine.models.talker import CodePredictor, Talker
-from engine.presets import PRESETS, Preset
+from engine.models.presets import PRESETS, Preset
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

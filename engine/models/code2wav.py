@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.kv_cache import CausalView
-from engine.layers import Decoder
-from engine.presets import CODEBOOK_SIZE, CODEBOOKS, SAMPLES_PER_FRAME, CodecShape, DecoderShape
+from engine.models.kv_cache import CausalView
+from engine.models.layers import Decoder
+from engine.models.presets import CODEBOOK_SIZE, CODEBOOKS, SAMPLES_PER_FRAME, CodecShape, DecoderShape
 
 
 class CausalConv(nn.Module):

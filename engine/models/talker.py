@@ -12,9 +12,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine import tokenizer as tok
-from engine.layers import Decoder
-from engine.presets import CODEBOOK_SIZE, CODEBOOKS, CODEC_BOS, CODEC_VOCAB, SAMPLES_PER_FRAME, DecoderShape
+from engine.models import tokenizer as tok
+from engine.models.layers import Decoder
+from engine.models.presets import CODEBOOK_SIZE, CODEBOOKS, CODEC_BOS, CODEC_VOCAB, SAMPLES_PER_FRAME, DecoderShape
 
 MAX_REF_FRAMES = 64
 

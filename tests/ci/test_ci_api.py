@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ci import ci_api, history
+from ci.run import ci_api
+from ci.rollback import history
 from tests.helpers.fake_ci import TOKEN, Reply
 
 ROOT = Path(__file__).resolve().parents[2]

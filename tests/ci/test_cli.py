@@ -48,7 +48,9 @@ def test_main_lets_an_interrupt_through(monkeypatch):
     """In-process callers (tests, the plugin's SIGTERM) see their interrupt; only the program maps it to 130."""
     import pytest
 
-    from ci import cli, lane_commands
+    from ci import cli
+
+    from ci.run import commands as lane_commands
 
     def interrupted(args):
         raise KeyboardInterrupt

@@ -14,7 +14,9 @@ from xml.sax.saxutils import quoteattr
 import pytest
 from ruamel.yaml import YAML
 
-from ci import github_workflows, lanes, pipelines
+from ci.lanes import github as github_workflows
+from ci.lanes import schema as lanes
+from ci.lanes import buildkite as pipelines
 from engine.diagnosis import Diagnosis
 from ci.cli import main
 from tests.helpers.fake_ci import TOKEN, Reply
@@ -98,7 +100,7 @@ def test_bootstrap_uploads_this_builds_lanes():
     docs.write("README.md\n")
     docs.close()
     engine = tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False)
-    engine.write("engine/engine.py\n")
+    engine.write("engine/runtime/engine.py\n")
     engine.close()
     try:
         assert not running(_uploaded("--changed-files", docs.name, *labelled)) & set(merge_only)
@@ -221,7 +223,7 @@ def test_github_lanes_for_each_event(tmp_path):
         return {hw: [item["key"] for item in json.loads(v)] for hw, v in out.items()}
 
     changed = tmp_path / "changed.txt"
-    changed.write_text("engine/engine.py\n")
+    changed.write_text("engine/runtime/engine.py\n")
     main_run = matrix("--event", "push", "--branch", "main")
     assert "tts-base" in main_run["cpu"] and "config" in main_run["cpu"] and main_run["gpu"] == []
     assert matrix("--event", "schedule") == {"cpu": [], "gpu": ["tts-gpu"]}
@@ -354,7 +356,7 @@ def test_repro_runs_exactly_the_failed_ids(tmp_path):
     run = _cli("repro", "--junit", str(src), "--artifacts", str(tmp_path / "out"))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "reproducing 2 failed test(s) with lane config's settings" in run.stdout
-    from ci.junit import parse
+    from ci.run.junit import parse
 
     ran = {(c.classname, c.name) for c in parse(tmp_path / "out" / "junit.xml")}
     assert ran == {("tests.config.test_profiles", "test_default_profile_runner_per_platform"),
@@ -386,7 +388,7 @@ def test_report(tmp_path):
 
 def test_diagnosis_in_words_not_a_dict_repr():
     """However the failure text shows the API's error body, the summary says the diagnosis's message."""
-    from ci.report import Case, summarize
+    from ci.run.report import Case, summarize
 
     diagnosis = Diagnosis(kind="StageHandoffStall", stage=1, request_id="r1", cell="v1-cuda_graph-async_chunk",
                           message="StageHandoffStall: stage 1 (code2wav) waited 5.1s for frames (request r1; "
@@ -508,7 +510,7 @@ def test_unreachable_api_and_missing_token(capsys, monkeypatch):
 def test_base_lane_runs_as_ci_does(tmp_path):
     run = _cli("run", "TTS · Qwen3-TTS Base Test", "--artifacts", str(tmp_path))
     assert run.returncode == 0, run.stdout[-3000:]
-    from ci.junit import parse
+    from ci.run.junit import parse
 
     cases = parse(tmp_path / "junit.xml")
     assert cases and all(c.status == "passed" for c in cases)
@@ -542,8 +544,8 @@ def test_passes():
     pass
 """)
     report_dir = pytester.path / "reports"
-    result = pytester.runpytest_subprocess("-p", "ci.pytest_plugin", "--cuda-graph", "on", "--handoff", "async_chunk",
-                                           "--platform", "cpu", "--report-dir", str(report_dir),
+    result = pytester.runpytest_subprocess("--lk-cuda-graph", "on", "--lk-handoff", "async_chunk",
+                                           "--lk-platform", "cpu", "--lk-report-dir", str(report_dir),
                                            "--junitxml", str(report_dir / "junit.xml"))
     result.assert_outcomes(passed=2, failed=2, skipped=1, errors=1)
     during = (report_dir / "matrix-summary.md").read_text()

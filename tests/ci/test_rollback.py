@@ -13,10 +13,11 @@ import pytest
 from ruamel.yaml import YAML
 
 from ci.cli import main
-from ci.rollback import REVIEW
-from ci.rollback_branch import Audit
-from engine import pins
-from engine.profile_doc import ProfileDoc
+from ci.rollback.decide import REVIEW
+from ci.rollback.decision import MESSAGES, Reason
+from ci.rollback.branch import Audit
+from engine.profile import pins
+from engine.profile.document import ProfileDoc
 from tests.helpers.fake_ci import TOKEN
 from tests.helpers.lanes import one_lane_file
 from tests.helpers.repo import copy_project, git
@@ -33,9 +34,10 @@ SPLIT_TEST_TEXT = '''\
 """The default profile's runner on every platform, split out and read from the pins."""
 import pytest
 
-from engine import pins
-from engine.config import PROFILES_DIR, resolve
-from engine.profile_schema import PLATFORMS
+from engine.profile import pins
+from engine.profile.resolve import resolve
+from tests.helpers.repo import PROFILES_DIR
+from engine.profile.schema import PLATFORMS
 
 pytestmark = pytest.mark.config
 
@@ -117,7 +119,7 @@ def rollback(capsys, repo, hist, *extra, lane=BASE_LANE):
 
 def resolved(repo, rev, name, key, platform="cpu"):
     """A resolved value of a profile as the commit `rev` has it."""
-    from engine.config import resolve
+    from engine.profile.resolve import resolve
 
     tmp = repo.parent / f"at-{rev.replace('/', '_')}"
     if not tmp.exists():
@@ -184,7 +186,7 @@ def test_motivating_pull_request_is_rolled_back_once(tmp_path, capsys):
     # reruns of either lane are no-ops
     for lane in (BASE_LANE, CV_LANE):
         code, again = rollback(capsys, repo, hist, "--apply", lane=lane)
-        assert code == 0 and "no action:" in again.out and "already exists" in again.out, again.out
+        assert code == 0 and Audit(repo).entries()[-1]["code"] == Reason.ALREADY_RECORDED.value, again.out
     assert git(repo, "rev-parse", branch) == tip and git(repo, "branch", "--list", "rollback/*").split() == [branch]
     assert [a["action"] for a in Audit(repo).entries()] == ["applied", "evidence", "none", "none"]
 
@@ -202,7 +204,7 @@ def test_keys_narrows_the_rollback(tmp_path, capsys):
     assert "regenerated for qwen3_tts\n" in message and "regenerated for qwen3_tts_mrv2" not in message
     assert f"- {PROFILE}\n" in message.split(REVIEW)[1]    # the prefill bound the culprit set is still there
     code, out = rollback(capsys, repo, hist, "--keys", "stages.0.max_num_seqs")
-    assert "no action: --keys stages.0.max_num_seqs: not a default the culprit changed" in out.out
+    assert Audit(repo).entries()[-1]["code"] == Reason.UNKNOWN_KEYS.value
 
 
 def test_dry_run_changes_nothing(tmp_path, capsys):
@@ -232,8 +234,7 @@ def test_infrastructure_only_reds_are_not_green_again(tmp_path, capsys):
                    (s["after1"], {"state": "failed", "exit_status": -1}))
     code, out = rollback(capsys, repo, hist, "--apply")
     assert code == 0
-    assert "3 build(s) set aside as infrastructure (lost agent / cancelled): #2, #3, #4" in out.out
-    assert "nothing red to act on" in out.out and "green again" not in out.out
+    assert Audit(repo).entries()[-1]["code"] == Reason.ONLY_INFRA.value
     assert git(repo, "branch", "--list", "rollback/*") == ""
 
 
@@ -328,10 +329,10 @@ def test_rails(case, tmp_path, capsys):
     repo, s = make_repo(tmp_path, flip_message)
     b, f, a0, a1 = s["base"], s["flip"], s["after0"], s["after1"]
     builds = [(b, "passed"), (f, "failed"), (a0, "failed"), (a1, "failed")]
-    expect = {"flaky": "flaky", "one_red": "only 1 red build", "non_profile_start": "changed no default",
-              "two_candidates": "2 candidate commits", "noautorevert": "NOAUTOREVERT",
-              "culprit_is_rollback": "never rolling back a rollback", "green_again": "green again",
-              "already_restored": "already restored on main", "daily_limit": "in the last 24 h"}[case]
+    expect = {"flaky": Reason.FLAKY, "one_red": Reason.NOT_CONFIRMED, "non_profile_start": Reason.NOT_A_FLIP,
+              "two_candidates": Reason.SEVERAL_CANDIDATES, "noautorevert": Reason.NOAUTOREVERT,
+              "culprit_is_rollback": Reason.CULPRIT_IS_ROLLBACK, "green_again": Reason.GREEN_AGAIN,
+              "already_restored": Reason.ALREADY_RESTORED, "daily_limit": Reason.DAILY_CAP}[case]
     if case == "flaky":
         builds[2] = (a0, ["failed", "passed"])
     elif case == "one_red":
@@ -353,7 +354,7 @@ def test_rails(case, tmp_path, capsys):
     hist = history(tmp_path, *builds)
     code, out = rollback(capsys, repo, hist, "--apply", "--verify", "none")
     assert code == 0, out.err
-    assert "no action:" in out.out and expect in out.out, out.out
+    assert Audit(repo).entries()[-1]["code"] == expect.value, out.out
     assert git(repo, "branch", "--list", "rollback/*") == ""
 
 
@@ -430,7 +431,7 @@ def test_two_real_lane_runs_make_the_history(tmp_path, capsys):
 
 def test_two_agents_racing_make_one_branch(tmp_path, capsys, monkeypatch):
     """Two lanes' jobs on two agents decide at once; the second to push turns its rollback into evidence."""
-    from ci import rollback as rb
+    from ci.rollback import rules as rb
 
     repo, s = make_repo(tmp_path)
     remote = tmp_path / "remote.git"
@@ -462,7 +463,7 @@ def test_two_agents_racing_make_one_branch(tmp_path, capsys, monkeypatch):
 
 def test_history_files_of_earlier_versions_still_load(tmp_path):
     """Fields nothing reads any more are read past; any other unknown field is refused by name."""
-    from ci import history
+    from ci.rollback import history
 
     path = tmp_path / "history.json"
     path.write_text(json.dumps({"builds": [{"number": 1, "commit": "abc", "branch": "main",
@@ -477,3 +478,8 @@ def test_history_files_of_earlier_versions_still_load(tmp_path):
                                             "lanes": {"tts-base": {"state": "failed", "colour": "red"}}}]}))
     with pytest.raises(history.HistoryError, match=r"builds\[0\]\.lanes\['tts-base'\]\[0\]\.colour: unknown field"):
         history.load_file(path)
+
+
+def test_every_reason_code_renders_from_its_facts():
+    """Messages are rendered in one place from a code and its facts; each code has one."""
+    assert set(MESSAGES) == set(Reason)

@@ -10,8 +10,13 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
-from ci import ci_api, github_workflows, history, junit, lanes, pipelines
-from ci.history import Build, LaneResult
+from ci.run import ci_api
+from ci.lanes import github as github_workflows
+from ci.rollback import history
+from ci.run import junit
+from ci.lanes import schema as lanes
+from ci.lanes import buildkite as pipelines
+from ci.rollback.history import Build, LaneResult
 from ci.matrix import cell_in, cells
 from ci.pytest_plugin.shards import split
 from tests.helpers.fake_ci import TOKEN
@@ -70,7 +75,7 @@ def test_the_split_does_not_depend_on_collection_order():
 
 
 def _summary(pytester, *args):
-    result = pytester.runpytest_subprocess("-p", "ci.pytest_plugin", "--report-dir", "reports", *args)
+    result = pytester.runpytest_subprocess("--lk-report-dir", "reports", *args)
     text = (pytester.path / "reports" / "matrix-summary.md").read_text()
     return result, text
 
@@ -88,11 +93,11 @@ def test_workers_report_what_a_serial_run_reports(pytester):
 
 def test_shards_together_run_what_one_run_runs(pytester):
     pytester.makepyfile(test_matrix=MATRIX)
-    whole = pytester.runpytest_subprocess("-p", "ci.pytest_plugin", "--collect-only", "-q")
+    whole = pytester.runpytest_subprocess("--collect-only", "-q")
     every = {line for line in whole.outlines if "::" in line}
     seen = []
     for k in (1, 2):
-        part = pytester.runpytest_subprocess("-p", "ci.pytest_plugin", "--collect-only", "-q", "--shard", f"{k}/2")
+        part = pytester.runpytest_subprocess("--collect-only", "-q", "--lk-shard", f"{k}/2")
         seen.append({line for line in part.outlines if "::" in line})
     assert seen[0] and seen[1] and not seen[0] & seen[1] and seen[0] | seen[1] == every
     for cell in {cell_in(i) for i in every if cell_in(i)}:
@@ -102,7 +107,7 @@ def test_shards_together_run_what_one_run_runs(pytester):
 @pytest.mark.parametrize("spec", ["0/2", "3/2", "1", "a/b", "1/0"])
 def test_a_bad_shard_is_a_usage_error(pytester, spec):
     pytester.makepyfile(test_one="def test_one():\n    pass\n")
-    result = pytester.runpytest_subprocess("-p", "ci.pytest_plugin", "--shard", spec)
+    result = pytester.runpytest_subprocess("--lk-shard", spec)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert re.search(r"--shard: .*expected K/N", "\n".join(result.errlines)), result.errlines
 
@@ -116,8 +121,8 @@ def test_budget_hit_in_a_worker_makes_the_run_red(pytester):
         def test_slow(i):
             time.sleep(1)
     """)
-    result = pytester.runpytest_subprocess("-p", "ci.pytest_plugin", "-n", "2", "--session-timeout", "2.5",
-                                           "--report-dir", "reports")
+    result = pytester.runpytest_subprocess("-n", "2", "--session-timeout", "2.5",
+                                           "--lk-report-dir", "reports")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     assert re.search(r"Lane budget of \d+s exhausted", (pytester.path / "reports" / "matrix-summary.md").read_text())
 
@@ -202,10 +207,10 @@ def test_pipelines_carry_the_shards(sharded, tmp_path):
 def test_report_merges_the_shards_of_a_lane(pytester):
     """Two shards' JUnit files, given as their lane's artifact directory, report as the whole run does."""
     pytester.makepyfile(test_matrix=MATRIX)
-    base = ["-p", "ci.pytest_plugin", "-o", "junit_suite_name=wide"]
+    base = ["-o", "junit_suite_name=wide"]
     pytester.runpytest_subprocess(*base, "--junitxml", "whole/junit.xml")
     for k in (1, 2):
-        pytester.runpytest_subprocess(*base, "--shard", f"{k}/2", "--junitxml", f"wide/shard-{k}-of-2/junit.xml")
+        pytester.runpytest_subprocess(*base, "--lk-shard", f"{k}/2", "--junitxml", f"wide/shard-{k}-of-2/junit.xml")
     whole = _cli("report", "--junit", str(pytester.path / "whole/junit.xml"))
     merged = _cli("report", "--junit", str(pytester.path / "wide"))
     assert merged.returncode == 0, merged.stderr
@@ -219,10 +224,10 @@ def test_repro_reruns_one_shards_failed_ids(pytester, api):
     """`repro --shard K/N` takes the failed ids of shard K alone: from a lane's artifact directory, and from
     Buildkite, where a sharded lane's parallel jobs share one label."""
     pytester.makepyfile(test_matrix=MATRIX.replace('cell.handoff == "full_payload" and cell.runner == "v1"', "True"))
-    base = ["-p", "ci.pytest_plugin", "-o", "junit_suite_name=wide"]
+    base = ["-o", "junit_suite_name=wide"]
     failed = {}
     for k in (1, 2):
-        pytester.runpytest_subprocess(*base, "--shard", f"{k}/2", "--junitxml", f"wide/shard-{k}-of-2/junit.xml")
+        pytester.runpytest_subprocess(*base, "--lk-shard", f"{k}/2", "--junitxml", f"wide/shard-{k}-of-2/junit.xml")
         cases = junit.parse(pytester.path / f"wide/shard-{k}-of-2/junit.xml")
         failed[k] = sorted(c.name for c in cases if c.status == "failed")
     assert failed[1] and failed[2] and not set(failed[1]) & set(failed[2])

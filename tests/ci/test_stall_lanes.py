@@ -38,7 +38,7 @@ def _faulted_run(tmp_path, path, *extra):
     env = {**os.environ, "LANEKEEPER_FAULTS": "drop_handoff:after_frames=2", "LANEKEEPER_TEST_TAG": tag}
     t0 = time.monotonic()
     run = subprocess.run([sys.executable, "-m", "pytest", path, "-m", "merge_only", "-q", "-p", "no:cacheprovider",
-                          "--report-dir", str(tmp_path), "--junitxml", str(tmp_path / "junit.xml"), *extra],
+                          "--lk-report-dir", str(tmp_path), "--junitxml", str(tmp_path / "junit.xml"), *extra],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     return run, time.monotonic() - t0, tag
 
@@ -79,8 +79,8 @@ def test_blocked_test_is_ended_by_timeout_with_stacks(pytester, tmp_path):
     pytester.makepyfile(test_blocks="""
         import threading
         import pytest
-        from engine.config import resolve
-        from engine.engine import TTSEngine
+        from engine.profile.resolve import resolve
+        from engine.runtime.engine import TTSEngine
 
         @pytest.fixture(scope="module")
         def engine():
@@ -98,7 +98,7 @@ def test_blocked_test_is_ended_by_timeout_with_stacks(pytester, tmp_path):
     os.environ["LANEKEEPER_TEST_TAG"] = tag
     try:
         t0 = time.monotonic()
-        result = pytester.runpytest_subprocess("-p", "ci.pytest_plugin", "--timeout", "120", "--report-dir",
+        result = pytester.runpytest_subprocess("--timeout", "120", "--lk-report-dir",
                                                str(tmp_path), "--junitxml", str(tmp_path / "junit.xml"))
     finally:
         del os.environ["LANEKEEPER_TEST_TAG"]
@@ -123,7 +123,7 @@ def test_lane_budget_stops_the_run(pytester):
         def test_slow(i):
             time.sleep(1.0)
     """)
-    result = pytester.runpytest_subprocess("-p", "ci.pytest_plugin", "--session-timeout", "2.5")
+    result = pytester.runpytest_subprocess("--session-timeout", "2.5")
     assert result.ret == 1
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed", 0) < 5
@@ -141,7 +141,7 @@ def test_the_budget_caps_a_test_with_its_own_timeout(pytester):
             time.sleep(30)
     """)
     t0 = time.monotonic()
-    result = pytester.runpytest_subprocess("-p", "ci.pytest_plugin", "--session-timeout", "3")
+    result = pytester.runpytest_subprocess("--session-timeout", "3")
     assert time.monotonic() - t0 < 20, result.stdout.str()[-2000:]
     assert result.ret == 1
     result.stdout.fnmatch_lines(["*Timeout (>*s) from pytest-timeout*", "*Lane budget of 3s exhausted*"])
@@ -154,7 +154,7 @@ def test_one_diagnosis_everywhere(pytester, tmp_path):
         import json
         import pytest
         from openai import OpenAI
-        from ci.remote_server import RemoteServer
+        from engine.serve.launcher import RemoteServer
 
         def test_stalls():
             args = ["--platform", "cpu", "--set", "watchdog.handoff_deadline_s=2"]
@@ -167,10 +167,10 @@ def test_one_diagnosis_everywhere(pytester, tmp_path):
                         json.dump(e.body, f)
                     raise
     """)
-    result = pytester.runpytest_subprocess("-p", "ci.pytest_plugin", "--report-dir", str(tmp_path),
+    result = pytester.runpytest_subprocess("--lk-report-dir", str(tmp_path),
                                            "--junitxml", str(tmp_path / "junit.xml"))
     assert result.ret == 1, result.stdout.str()[-3000:]
-    from ci.junit import parse
+    from ci.run.junit import parse
     from engine.diagnosis import Diagnosis
 
     api = json.loads((tmp_path / "api.json").read_text())

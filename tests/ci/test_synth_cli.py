@@ -6,7 +6,7 @@ import pytest
 import soundfile as sf
 
 from ci.cli import main
-from engine.tokenizer import frames_for_text
+from engine.models.tokenizer import frames_for_text
 
 TEXT = "Hello from the talker."
 

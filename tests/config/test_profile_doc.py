@@ -4,10 +4,11 @@ import shutil
 import pytest
 
 from ci.cli import main
-from engine import pins
-from engine.config import PROFILES_DIR, resolve
-from engine.profile_doc import MISSING, ProfileDoc, diff, platform_key, unflatten
-from engine.profile_errors import ProfileError
+from engine.profile import pins
+from engine.profile.resolve import resolve
+from tests.helpers.repo import PROFILES_DIR
+from engine.profile.document import MISSING, ProfileDoc, diff, platform_key, unflatten
+from engine.profile.errors import ProfileError
 
 pytestmark = pytest.mark.config
 
@@ -110,7 +111,7 @@ def test_connectors_must_be_one_link(tmp_path):
 
 def _profiles_copy(tmp_path):
     dest = tmp_path / "profiles"
-    shutil.copytree(PROFILES_DIR, dest)
+    shutil.copytree(dest)
     return dest
 
 

@@ -5,10 +5,11 @@ import sys
 
 import pytest
 
-from engine import pins
-from engine.config import PROFILES_DIR, ProfileError, check_file, resolve
-from engine.profile_schema import PLATFORMS
-from engine.profile_doc import ProfileDoc
+from engine.profile import pins
+from engine.profile.resolve import ProfileError, check_file, resolve
+from tests.helpers.repo import PROFILES_DIR
+from engine.profile.schema import PLATFORMS
+from engine.profile.document import ProfileDoc
 
 pytestmark = pytest.mark.config
 
@@ -28,7 +29,7 @@ def test_profile_validates(name):
 @pytest.mark.parametrize("name", PROFILES)
 def test_pins_hold(name):
     """The pins are what the profile resolves to, on every platform (regenerate: lanekeeper profile pin)."""
-    fresh = pins.compute(PROFILES_DIR, [name])[name]
+    fresh = pins.compute([name])[name]
     wrong = {f"{platform} {key}": (PINS[name].get(platform, {}).get(key, "<absent>"), value)
              for platform in PLATFORMS for key, value in fresh[platform].items()
              if PINS[name].get(platform, {}).get(key, "<absent>") != value}

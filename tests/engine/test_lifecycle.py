@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from engine.config import resolve
-from engine.engine import TTSEngine
+from engine.profile.resolve import resolve
+from engine.runtime.engine import TTSEngine
 from engine.request import SpeechRequest
 from tests.helpers.procs import gone
 
@@ -50,7 +50,7 @@ def test_close_after_work_ends_the_stages_by_themselves(profile):
 def test_stages_start_from_the_engines_environment_not_the_fork_servers(profile, tmp_path, monkeypatch):
     """Stages fork from a server started with the first engine; a later engine's stages must still see
     the environment and working directory of the moment it starts them, as spawned ones would."""
-    from engine.procs import STACK_DIR_ENV, STACK_DUMP_SIGNAL, stack_file
+    from engine.process.tree import STACK_DIR_ENV, STACK_DUMP_SIGNAL, stack_file
 
     with TTSEngine(profile):   # the fork server is up from here on
         pass
@@ -96,8 +96,8 @@ def test_orphaned_stages_exit(tmp_path):
     """If the process that owns the engine dies without closing it, the stages notice and exit."""
     script = textwrap.dedent("""
         import os, sys
-        from engine.config import resolve
-        from engine.engine import TTSEngine
+        from engine.profile.resolve import resolve
+        from engine.runtime.engine import TTSEngine
         if __name__ == "__main__":
             engine = TTSEngine(resolve("qwen3_tts", platform="cpu"))
             print(*engine.pids(), flush=True)
@@ -119,8 +119,8 @@ def test_orphaned_stages_exit(tmp_path):
 
 def test_guard_fails_a_test_that_leaks_an_engine(pytester):
     pytester.makepyfile(test_leak="""
-        from engine.config import resolve
-        from engine.engine import TTSEngine, _LIVE
+        from engine.profile.resolve import resolve
+        from engine.runtime.engine import TTSEngine, _LIVE
 
         def test_leaks():
             engine = TTSEngine(resolve("qwen3_tts", platform="cpu"))
@@ -131,7 +131,7 @@ def test_guard_fails_a_test_that_leaks_an_engine(pytester):
         def test_next():
             pass
     """)
-    result = pytester.runpytest_subprocess("-p", "ci.pytest_plugin", "-s")
+    result = pytester.runpytest_subprocess("-s")
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(["*engine processes outlived*test_leaks*killed now*"])
     line = next(l for l in result.outlines if "PIDS" in l)
@@ -139,7 +139,7 @@ def test_guard_fails_a_test_that_leaks_an_engine(pytester):
 
 
 def test_processes_say_what_they_are():
-    from engine.procs import describe_process
+    from engine.process.tree import describe_process
 
     assert describe_process("lk1:code2wav", "python3 -c from multiprocessing.spawn import spawn_main") == \
         "stage 1 (code2wav)"

@@ -3,13 +3,13 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import resolve
-from engine.handoff import HandoffPolicy
-from engine.profile_schema import Connector
+from engine.profile.resolve import resolve
+from engine.stage0.handoff import HandoffPolicy
+from engine.profile.schema import Connector
 from engine.models import CheckpointError, build_models, save_checkpoint
-from engine.presets import PRESETS, SAMPLES_PER_FRAME
+from engine.models.presets import PRESETS, SAMPLES_PER_FRAME
 from engine.request import RequestError, SpeechRequest
-from engine.sampling import RequestSampler, SamplingParams, SlotSampling, sample
+from engine.stage0.sampling import RequestSampler, SamplingParams, SlotSampling, sample
 from tests.helpers.reference import reference_run
 
 
@@ -174,8 +174,8 @@ def test_handoff_windows():
                                        ["model_runner=v1"]])
 def test_runners_agree_in_process(overrides):
     from tests.helpers.reference import Inbox
-    from engine.messages import Codes
-    from engine.torch_talker import TorchTalker
+    from engine.stage.messages import Codes
+    from engine.stage0.torch_backend import TorchTalker
 
     profile = resolve("qwen3_tts", platform="cpu", overrides=overrides + ["stages.0.max_num_seqs=3"])
     out = Inbox()
@@ -227,9 +227,9 @@ def test_request_validation(kw, param):
 def test_v2_fits_its_kv_cache_to_the_budget_and_refuses_only_what_does_not_fit():
     import psutil
     from tests.helpers.reference import Inbox
-    from engine.messages import StageError
-    from engine.model_runner import CapacityError
-    from engine.torch_talker import TorchTalker
+    from engine.stage.messages import StageError
+    from engine.stage0.model_runner import CapacityError
+    from engine.stage0.torch_backend import TorchTalker
 
     tiny = PRESETS["tiny"].talker
     per_position = 2 * tiny.layers * tiny.kv_heads * tiny.head_dim * 4   # float32 K and V

@@ -12,13 +12,13 @@ import pytest
 
 from ci.cli import main
 from ci.matrix import TEST_WATCHDOG, Cell
-from engine import tokenizer as tok
-from engine.config import resolve
-from engine.engine import EngineError, TTSEngine
+from engine.models import tokenizer as tok
+from engine.profile.resolve import resolve
+from engine.runtime.engine import EngineError, TTSEngine
 from engine.errors import StageHandoffStall
-from engine.presets import CODEC_BOS, PRESETS
+from engine.models.presets import CODEC_BOS, PRESETS
 from engine.request import SpeechRequest
-from engine.vllm_talker import IPC_PREFIX, OFFSETS, VOCAB_SIZE, model_dir, prompt_ids, unsupported, vllm_missing
+from engine.stage0.vllm_backend import IPC_PREFIX, OFFSETS, VOCAB_SIZE, model_dir, prompt_ids, unsupported, vllm_missing
 from tests.helpers.speech_requests import make_request
 from tests.helpers.procs import gone
 
@@ -108,7 +108,7 @@ def test_matrix_skips_every_cell_and_goes_red_when_vllm_will_not_import(pytester
     (fake / "__init__.py").write_text("raise ImportError('No module named vllm')\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")]))
     pytester.makepyfile(test_cells="def test_cell(cell):\n    raise AssertionError('must not run')\n")
-    result = pytester.runpytest_subprocess("-p", "ci.pytest_plugin", "--backend", "vllm", "--platform", "cpu", "-rs")
+    result = pytester.runpytest_subprocess("--lk-backend", "vllm", "--lk-platform", "cpu", "-rs")
     result.assert_outcomes(skipped=8)
     assert result.ret == 1      # a vLLM lane that ran no vLLM cell is red, not green
     result.stdout.fnmatch_lines(["*every selected test was skipped, so this run is red: skipped: vLLM is not "

@@ -5,10 +5,10 @@ import pytest
 
 from ci.cli import main
 from ci.matrix import TEST_WATCHDOG
-from engine.config import ProfileError, resolve
-from engine.engine import TTSEngine
+from engine.profile.resolve import ProfileError, resolve
+from engine.runtime.engine import TTSEngine
 from engine.errors import StageDied, StageHandoffStall, StageStall
-from engine.faults import FaultSpecError, parse
+from engine.profile.faults import FaultSpecError, parse
 from engine.request import SpeechRequest
 from tests.helpers.procs import gone
 

@@ -5,10 +5,10 @@ import dataclasses
 import numpy as np
 import torch
 
-from engine.config import resolve
-from engine.messages import Codes
+from engine.profile.resolve import resolve
+from engine.stage.messages import Codes
 from engine.models import build_models
-from engine.stage0 import make_talker
+from engine.stage0.process import make_talker
 
 
 def check_as_shipped(engine, request, record_property):

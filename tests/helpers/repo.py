@@ -5,6 +5,7 @@ from pathlib import Path
 
 
 ROOT = Path(__file__).resolve().parents[2]
+PROFILES_DIR = ROOT / "profiles"   # the checkout's, which every test run from it resolves
 
 
 def git(repo, *args):

@@ -1,8 +1,8 @@
 import pytest
 
 from ci.matrix import TEST_WATCHDOG
-from engine.config import resolve
-from engine.engine import TTSEngine
+from engine.profile.resolve import resolve
+from engine.runtime.engine import TTSEngine
 from tests.helpers.reference import reference_runs
 from tests.helpers.speech_requests import make_request
 
@@ -29,7 +29,7 @@ def greedy_reference(ref_audio, pytestconfig):
     tasks = ("CustomVoice", "VoiceDesign", "Base")
     reqs = [make_request(task, "Greedy codes must match everywhere.", ref_audio, temperature=0.0, seed=7)
             for task in tasks]
-    runs = reference_runs(reqs, backend=pytestconfig.getoption("backend"), profile_name=pytestconfig.getoption("profile"))
+    runs = reference_runs(reqs, backend=pytestconfig.getoption("lk_backend"), profile_name=pytestconfig.getoption("lk_profile"))
     return {task: (req, *run) for task, req, run in zip(tasks, reqs, runs)}
 
 

@@ -4,9 +4,9 @@ import itertools
 import numpy as np
 import pytest
 
-from engine.presets import CODEBOOK_SIZE, SAMPLE_RATE, SAMPLES_PER_FRAME
+from engine.models.presets import CODEBOOK_SIZE, SAMPLE_RATE, SAMPLES_PER_FRAME
 from engine.request import SpeechRequest
-from engine.tokenizer import frames_for_text
+from engine.models.tokenizer import frames_for_text
 from tests.helpers.reference import assert_matches_reference, check_as_shipped
 from tests.helpers.speech_requests import TEXTS, make_request
 

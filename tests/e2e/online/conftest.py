@@ -1,7 +1,7 @@
 import pytest
 
 from ci.matrix import TEST_WATCHDOG
-from ci.remote_server import RemoteServer
+from engine.serve.launcher import RemoteServer
 from tests.helpers.online import client_for
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from ci.remote_server import RemoteServer
+from engine.serve.launcher import RemoteServer
 
 pytestmark = pytest.mark.online
 

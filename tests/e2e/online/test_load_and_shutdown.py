@@ -8,7 +8,7 @@ import psutil
 import pytest
 from openai import AsyncOpenAI
 
-from ci.remote_server import RemoteServer
+from engine.serve.launcher import RemoteServer
 from tests.helpers.online import metrics, wait_for
 
 pytestmark = pytest.mark.online

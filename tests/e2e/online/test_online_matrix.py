@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from engine.tokenizer import frames_for_text
+from engine.models.tokenizer import frames_for_text
 from tests.helpers.online import data_url, decode
 
 pytestmark = [pytest.mark.online, pytest.mark.merge_only]

@@ -13,7 +13,7 @@ import pytest
 from openai import OpenAI
 
 from ci.matrix import TEST_WATCHDOG
-from ci.remote_server import RemoteServer
+from engine.serve.launcher import RemoteServer
 from tests.helpers.online import metrics, wait_for
 
 pytestmark = pytest.mark.online

@@ -1,0 +1,114 @@
+"""Qwen3-style building blocks: RMSNorm, rotary positions, grouped-query attention, SwiGLU.
+
+Attention does not own its KV cache.  It hands this step's keys and values to a
+cache view (engine/models/kv_cache.py) that the model runner chose, and gets back the
+keys and values to attend over plus a mask.  That is what lets runner v1
+(per-request dynamic caches) and v2 (static slot buffers, graph-capturable)
+share every layer.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.models.presets import DecoderShape
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # torch's own: one fused kernel on CUDA (computing in float32), where the written-out form was
+        # eight, and a frame step runs over four hundred norms
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class Rotary(nn.Module):
+    def __init__(self, head_dim: int, theta: float, max_positions: int = 65536):
+        super().__init__()
+        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv)
+        # laid out for rotate(): both halves' cosines, and the sines with the first half's negated
+        self.register_buffer("cos", torch.cat((freqs.cos(), freqs.cos()), -1), persistent=False)
+        self.register_buffer("sin", torch.cat((-freqs.sin(), freqs.sin()), -1), persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [B, S, 1, D] at positions [B, S]: looked up once a pass, shared by every layer."""
+        return self.cos[positions].unsqueeze(2).to(dtype), self.sin[positions].unsqueeze(2).to(dtype)
+
+
+def rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """x [B, S, H, D] turned by its positions' angles: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), in
+    three kernels (a frame step rotates a hundred times over)."""
+    cos, sin = rope
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.addcmul(x * cos, torch.cat((x2, x1), dim=-1), sin)
+
+
+class Attention(nn.Module):
+    def __init__(self, shape: DecoderShape, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
+        self.q_proj = nn.Linear(shape.hidden, shape.heads * shape.head_dim, bias=False)
+        self.k_proj = nn.Linear(shape.hidden, shape.kv_heads * shape.head_dim, bias=False)
+        self.v_proj = nn.Linear(shape.hidden, shape.kv_heads * shape.head_dim, bias=False)
+        self.o_proj = nn.Linear(shape.heads * shape.head_dim, shape.hidden, bias=False)
+        self.q_norm = RMSNorm(shape.head_dim)
+        self.k_norm = RMSNorm(shape.head_dim)
+
+    def forward(self, x, rope, cache):
+        b, s, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, s, self.heads, self.head_dim))
+        k = self.k_norm(self.k_proj(x).view(b, s, self.kv_heads, self.head_dim))
+        v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim)
+        q, k = rotate(torch.cat((q, k), 2), rope).split((self.heads, self.kv_heads), 2)   # one rotation for both
+        keys, values, mask = cache.update(self.layer_idx, k, v)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+            attn_mask=mask.unsqueeze(1), enable_gqa=self.heads != self.kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.down = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, shape: DecoderShape, layer_idx: int):
+        super().__init__()
+        self.input_norm = RMSNorm(shape.hidden)
+        self.attn = Attention(shape, layer_idx)
+        self.post_norm = RMSNorm(shape.hidden)
+        self.mlp = SwiGLU(shape.hidden, shape.intermediate)
+
+    def forward(self, x, rope, cache):
+        x = x + self.attn(self.input_norm(x), rope, cache)
+        return x + self.mlp(self.post_norm(x))
+
+
+class Decoder(nn.Module):
+    """A stack of decoder layers with a final norm; embeddings and heads belong to the model."""
+
+    def __init__(self, shape: DecoderShape, max_positions: int = 65536):
+        super().__init__()
+        self.rotary = Rotary(shape.head_dim, shape.rope_theta, max_positions)
+        self.layers = nn.ModuleList(DecoderLayer(shape, i) for i in range(shape.layers))
+        self.norm = RMSNorm(shape.hidden)
+
+    def forward(self, x, positions, cache):
+        rope = self.rotary(positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, rope, cache)
+        return self.norm(x)

@@ -1,0 +1,63 @@
+"""Starting the stage processes: forked from multiprocessing's fork server, in one process group."""
+from __future__ import annotations
+
+import atexit
+import multiprocessing as mp
+import multiprocessing.util  # noqa: F401  its exit handler (which removes the fork server's folder) must run after ours
+import os
+import signal
+
+from engine.process.owner import Owner, join_group
+from engine.process.stacks import dump_stacks_on_signal
+from engine.process.tree import name_process
+from engine.stage0.process import run as run_stage0
+from engine.stage1.process import run as run_stage1
+
+STAGES = (run_stage0, run_stage1)
+
+
+def stage_context():
+    """Stages fork from multiprocessing's fork server, which imports torch and the stage code once: a
+    spawned stage spends about 2.4 CPU-s importing them, and a CI lane starts engines by the hundred.
+    The server, like multiprocessing's resource tracker, ends when the process that started it does."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([run.__module__ for run in STAGES])
+    return ctx
+
+
+@atexit.register
+def _stop_fork_server() -> None:
+    """At exit, end the fork server (if this process started one) and wait for it, so that nothing this
+    process started outlives it.  (Killed outright, the process still ends it: the server exits when
+    its pipe from here closes.)"""
+    from multiprocessing import forkserver
+
+    forkserver._forkserver._stop()
+
+
+def stage_main(stage_id: int, leader_pid: int | None, profile, queues, owner_pid: int, faults,
+               origin: tuple[dict, str]) -> None:
+    """`origin` is the engine's environment and working directory when it started the stage: a forked
+    stage would otherwise see the fork server's, from whenever that started."""
+    name_process(f"lk{stage_id}:{profile.stage_name(stage_id)}")
+    environ, cwd = origin
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
+    join_group(leader_pid)
+    dump_stacks_on_signal()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the engine, not ^C, ends stages
+    for q in queues[1:]:   # what this stage sends: its exit must never wait for a reader to drain it
+        q.cancel_join_thread()
+    STAGES[stage_id](profile, queues, Owner(owner_pid), faults)
+
+
+def start_stages(ctx, profile, queues, faults) -> list:
+    """Both stage processes, started: stage 0 leads the process group, stage 1 joins it."""
+    procs: list = []
+    for stage, role in enumerate(("talker", "code2wav")):
+        leader = procs[0].pid if procs else None
+        procs.append(ctx.Process(target=stage_main, name=f"lanekeeper-stage{stage}-{role}", args=(
+            stage, leader, profile, queues, os.getpid(), faults, (dict(os.environ), os.getcwd()))))
+        procs[-1].start()
+    return procs

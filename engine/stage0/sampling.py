@@ -1,0 +1,182 @@
+"""Sampling as Qwen3-TTS does it: repetition penalty, temperature, top-k, top-p.
+
+Each request owns a torch.Generator seeded from its seed and draws the 16 uniforms of
+a frame (codebook 0, then 1..15) from it at once, on the host, before the frame step.
+A request's tokens therefore never depend on what else is in the batch, on the
+runner, or on graph mode.  Everything after the draw runs on the device from per-slot
+tensors, with no host sync, so a whole frame step can sit in one CUDA graph.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.models.graphs import capturing
+from engine.models.presets import CODEBOOK_SIZE, CODEBOOKS, CODEC_VOCAB, CODEC_EOS
+
+
+@dataclass
+class SamplingParams:
+    temperature: float
+    top_k: int
+    top_p: float
+    repetition_penalty: float
+    min_tokens: int
+    max_tokens: int
+    stop_token_ids: tuple[int, ...]
+    seed: int
+    target_frames: int | None = None   # synthetic weights: stop exactly here
+
+    @property
+    def stops(self) -> tuple[int, ...]:
+        """The tokens that end a request: the configured ones, else the codec's EOS."""
+        return tuple(self.stop_token_ids) or (CODEC_EOS,)
+
+    @classmethod
+    def for_request(cls, req, defaults, target_frames: int | None) -> "SamplingParams":
+        pick = lambda name: getattr(req, name) if getattr(req, name) is not None else getattr(defaults, name)
+        max_tokens = req.max_new_tokens if req.max_new_tokens is not None else defaults.max_tokens
+        return cls(temperature=pick("temperature"), top_k=pick("top_k"), top_p=pick("top_p"),
+                   repetition_penalty=pick("repetition_penalty"), min_tokens=defaults.min_tokens,
+                   max_tokens=max_tokens, stop_token_ids=tuple(defaults.stop_token_ids), seed=req.seed,
+                   target_frames=target_frames)
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           u: torch.Tensor, kmax: int | None = None, nucleus: bool = True) -> torch.Tensor:
+    """One token per row.  A row with temperature 0 takes the argmax; the others keep their top-k and
+    top-p nucleus and draw by inverse CDF with their own uniform u.  Shapes stay fixed and nothing
+    is read back to the host, so this runs inside a CUDA graph.
+
+    Uncaptured, the caller may say what the rows need: `kmax`, the largest top-k among them, and
+    `nucleus=False` when none has top_p < 1.  Then a top-kmax replaces the full sort and the nucleus
+    step is skipped, for the same tokens."""
+    x = logits.float()
+    greedy = x.argmax(-1)
+    vocab = x.shape[-1]
+    x = x / temperature.clamp(min=1e-5)[:, None]
+    k = torch.where((top_k > 0) & (top_k < vocab), top_k, vocab)
+    if nucleus or kmax is None:
+        ordered, order = x.sort(-1, descending=True)
+    else:
+        ordered = x.topk(min(kmax, vocab), -1).values
+    x = x.masked_fill(x < ordered.gather(1, (k - 1).clamp(max=ordered.shape[1] - 1)[:, None]), float("-inf"))
+    probs = x.softmax(-1)
+    if nucleus:
+        ordered_p = probs.gather(1, order)
+        drop = ((ordered_p.cumsum(-1) - ordered_p) > top_p[:, None]) & (top_p < 1.0)[:, None]
+        probs = torch.zeros_like(probs).scatter(1, order, ordered_p.masked_fill(drop, 0.0))
+    cdf = probs.cumsum(-1)
+    picked = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).clamp(max=vocab - 1)[:, 0]
+    return torch.where(temperature > 0, picked, greedy)
+
+
+class RequestSampler:
+    """The host side of one request's sampling: its generator and how many frames it has emitted."""
+
+    def __init__(self, params: SamplingParams):
+        self.params = params
+        self.gen = torch.Generator().manual_seed(params.seed)
+        self.frames = 0
+
+    def must_stop(self) -> bool:
+        """The request ends now, whatever the model says: max_tokens, or the synthetic length, reached."""
+        p = self.params
+        return self.frames >= p.max_tokens or (p.target_frames is not None and self.frames >= p.target_frames)
+
+    def may_stop(self) -> bool:
+        """Whether the model may choose a stop token this frame."""
+        return self.frames >= self.params.min_tokens and self.params.target_frames is None
+
+    def uniforms(self) -> torch.Tensor | None:
+        """This frame's 16 draws, or None when the frame draws nothing (greedy, or a forced stop)."""
+        if self.params.temperature <= 0 or self.must_stop():
+            return None
+        return torch.rand(CODEBOOKS, generator=self.gen)
+
+    def emitted(self, token: int) -> bool:
+        """Record this frame's codebook-0 token (the forced stop already applied); True if it ends the request."""
+        if token in self.params.stops:
+            return True
+        self.frames += 1
+        return False
+
+
+class SlotSampling:
+    """Per-slot sampling state on the device: parameters, the codebook-0 mask, the tokens a request has
+    emitted (for its repetition penalty) and this frame's uniforms.  The host writes a slot's row
+    when a request is admitted and the uniforms before each step; the device does the rest."""
+
+    def __init__(self, slots: int, device: torch.device):
+        self.device = device
+        self.temperature = torch.zeros(slots, device=device)
+        self.top_k = torch.zeros(slots, dtype=torch.long, device=device)
+        self.top_p = torch.ones(slots, device=device)
+        self.penalty = torch.ones(slots, device=device)
+        self.bias = torch.zeros(slots, CODEC_VOCAB, device=device)          # 0 allowed, -inf not
+        self.seen = torch.zeros(slots, CODEC_VOCAB, dtype=torch.bool, device=device)
+        self.u = torch.zeros(slots, CODEBOOKS, device=device)
+        pin = device.type == "cuda"
+        self.host_u = torch.zeros(slots, CODEBOOKS, pin_memory=pin)
+        self.may_stop: dict[int, bool] = {}
+        self.host: dict[int, tuple[int, float]] = {}   # slot -> (top_k, top_p) of the request in it
+        self.max_k: int | None = 1      # the largest top-k admitted, None for the whole vocabulary
+        self.nucleus = False            # whether any admitted request has top_p < 1
+        self.true = torch.ones((), dtype=torch.bool, device=device)
+
+    def admit(self, slot: int, sampler: RequestSampler) -> None:
+        p = sampler.params
+        self.temperature[slot], self.top_k[slot] = p.temperature, p.top_k
+        self.top_p[slot], self.penalty[slot] = p.top_p, p.repetition_penalty
+        self.seen[slot] = False
+        self.host[slot] = (p.top_k, p.top_p) if p.temperature > 0 else (1, 1.0)
+        self._needs()
+        self._set_stops(slot, sampler)
+
+    def release(self, slot: int) -> None:
+        self.temperature[slot] = 0.0
+        self.may_stop.pop(slot, None)
+        self.host.pop(slot, None)
+        self._needs()
+
+    def _needs(self) -> None:
+        """What the admitted requests need of an uncaptured draw; it changes only on admit and release."""
+        ks = [k for k, _ in self.host.values()]
+        self.max_k = None if any(k <= 0 for k in ks) else max(ks, default=1)
+        self.nucleus = any(p < 1.0 for _, p in self.host.values())
+
+    def _set_stops(self, slot: int, sampler: RequestSampler) -> None:
+        bias = torch.full((CODEC_VOCAB,), float("-inf"))
+        bias[:CODEBOOK_SIZE] = 0.0
+        stops = list(sampler.params.stops)
+        bias[stops] = 0.0 if sampler.may_stop() else float("-inf")
+        self.bias[slot] = bias.to(self.device)
+        self.may_stop[slot] = sampler.may_stop()
+
+    def prepare(self, slots: list[int], samplers: list[RequestSampler]) -> None:
+        """Before a step: each row's uniforms, and its stop tokens unmasked once min_tokens is reached."""
+        for slot, sampler in zip(slots, samplers):
+            if sampler.may_stop() != self.may_stop.get(slot):
+                self._set_stops(slot, sampler)
+            u = sampler.uniforms()
+            if u is not None:
+                self.host_u[slot] = u
+        self.u.copy_(self.host_u, non_blocking=True)
+
+    def first(self, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Codebook 0 for these slots: only codebook ids and allowed stops, repeats penalized."""
+        x = logits.float() + self.bias[rows]
+        pen = self.penalty[rows][:, None]
+        x = torch.where(self.seen[rows], torch.where(x > 0, x / pen, x * pen), x)
+        token = self.draw(x, rows, 0)
+        self.seen.index_put_((rows, token), self.true)
+        return token
+
+    def draw(self, logits: torch.Tensor, rows: torch.Tensor, codebook: int) -> torch.Tensor:
+        hints = {}
+        if not capturing():   # eager: only what the admitted requests need (a graph must serve any of them)
+            vocab = logits.shape[-1]
+            hints = {"kmax": vocab if self.max_k is None else min(self.max_k, vocab), "nucleus": self.nucleus}
+        return sample(logits, self.temperature[rows], self.top_k[rows], self.top_p[rows], self.u[rows, codebook],
+                      **hints)

@@ -1,0 +1,49 @@
+"""Stage 0 on the built-in talker: runner v1 or v2 (model_runner.py) computes one frame per running
+request per step, codebook 0 and the code predictor's 15 together."""
+from __future__ import annotations
+
+import torch
+
+from engine.models import build_models
+from engine.stage.loop import device_for
+from engine.stage0.backend import Backend, Produced
+from engine.stage0.model_runner import Sequence, make_runner
+
+
+class TorchBackend(Backend):
+    def __init__(self, profile):
+        cfg, stage = profile.config, profile.stage(0)
+        self.device = device_for(profile, stage)
+        self.models = build_models(cfg.model.preset, cfg.model.seed, cfg.model.checkpoint, cfg.model.dtype,
+                                   str(self.device), parts=("talker",))
+        self.runner = make_runner(cfg.model_runner, self.models, stage, self.device, not stage.enforce_eager,
+                                  stage.max_model_len)
+        self.name, self.capacity, self.synthetic = self.runner.name, self.runner.capacity, self.models.synthetic
+
+    def info(self) -> dict:
+        pool = getattr(self.runner, "pool", None)
+        return {"backend": "torch", "runner": self.runner.name, "graphs": bool(self.runner.capture_sizes),
+                "captured": sorted({bs for bs, _ in pool.graphs}) if pool else [],
+                "kv_positions": self.runner.capacity}
+
+    def admit(self, seqs: list[Sequence]) -> None:
+        """They decode their first frame in this step's batch."""
+        for seq in seqs:
+            self.runner.add(seq)
+        self.runner.prefill(seqs)
+
+    @torch.no_grad()
+    def execute(self, seqs: list[Sequence], clock) -> dict[str, Produced]:
+        with clock.part("decode"):
+            codes = self.runner.decode(seqs)
+        with clock.part("readback"):
+            codes = codes.cpu().numpy()   # the step's one read-back
+        out = {}
+        for seq, frame in zip(seqs, codes):
+            sampler = seq.sampler
+            finished = sampler.emitted(sampler.params.stops[0] if sampler.must_stop() else int(frame[0]))
+            out[seq.request_id] = Produced([] if finished else [frame], finished)
+        return out
+
+    def release(self, seq: Sequence) -> None:
+        self.runner.release(seq)

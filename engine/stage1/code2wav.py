@@ -1,0 +1,182 @@
+"""Stage 1: code2wav.  Decodes handed-off windows with left context.
+
+A window [start, end) is decoded together with up to codec_left_context_frames
+frames before it, and only the new frames' samples are emitted.  Because the
+decoder's receptive field fits in that context, the stream equals a whole-payload
+decode.  The windows waiting in the inbox are decoded in a few batched passes, not
+one pass each: with many streams, that is what keeps stage 1 up with stage 0.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.models.graphs import GraphPool, padded
+from engine.models import build_models
+from engine.models.presets import CODEBOOKS, SAMPLES_PER_FRAME
+from engine.request import AudioChunk
+from engine.stage.faults import Injector
+from engine.stage.loop import Clock, device_for, request_crashed
+from engine.stage.messages import Decoded, Frames
+from engine.stage.stats import Code2WavStats
+
+
+MAX_ROWS = 32                      # windows in one codec pass
+ROWS = [1, 2, 4, 8, 16, MAX_ROWS]  # on CUDA, passes are captured for these row counts...
+LENGTHS = [32, 64, 128]            # ...and frame lengths (a streamed window with its context fits 128)
+
+
+@dataclass
+class Job:
+    """One window to decode: its frames with their left context, where that context starts, its chunk index."""
+    window: Frames
+    codes: np.ndarray
+    context_start: int
+    index: int
+
+
+class Code2Wav:
+    def __init__(self, profile, out_q, faults=()):
+        cfg = profile.config
+        self.faults = Injector(list(faults), 1)
+        self.finished = self.frames = self.windows = 0
+        self.passes = 0   # codec passes: windows / passes is how well stage 1 batches
+        self.busy = False
+        self.clock = Clock("decode")
+        self.stage = profile.stage(1)
+        self.device = device_for(profile, self.stage)
+        self.codec = build_models(cfg.model.preset, cfg.model.seed, cfg.model.checkpoint, cfg.model.dtype,
+                                  str(self.device), parts=("codec",)).codec
+        self.left_context = profile.connector().codec_left_context_frames
+        if self.codec.shape.receptive_field > self.left_context:
+            print(f"code2wav: left context {self.left_context} < receptive field "
+                  f"{self.codec.shape.receptive_field}; chunk edges will differ from a whole decode", flush=True)
+        self.pool = None
+        if self.device.type == "cuda" and not profile.stage(0).enforce_eager:   # the engine's graph mode
+            self.codes_in = torch.zeros(ROWS[-1], LENGTHS[-1], CODEBOOKS, dtype=torch.long, device=self.device)
+            self.first_in = torch.zeros(ROWS[-1], dtype=torch.long, device=self.device)
+            self.pool = GraphPool(lambda rows, t: self.codec(self.codes_in[:rows, :t], first_position=self.first_in[:rows]),
+                                  [(rows, t) for rows in ROWS for t in LENGTHS], self.device)
+        self.out_q = out_q
+        self.codes: dict[str, np.ndarray] = {}
+        self.chunks: dict[str, int] = {}
+        self.first_seen: dict[str, float] = {}
+        self.failed: set[str] = set()   # requests whose decode raised: their later windows are dropped
+
+    def stats(self) -> Code2WavStats:
+        return Code2WavStats(depth=len(self.first_seen), busy=self.busy, windows=self.windows, passes=self.passes,
+                             seconds=dict(self.clock.seconds))
+
+    @torch.no_grad()
+    def decode(self, windows: list[Frames], after_each=lambda: None) -> None:
+        """Windows in arrival order, decoded together: one codec pass per length bucket instead of one
+        per window.  Each request's chunks still go out in order, `after_each` runs after each window's,
+        and a window whose handling raises fails its request alone (the batched pass raising fails
+        the requests in it)."""
+        if not windows:
+            return
+        self.busy = True
+        try:
+            with self.clock.part("decode"):
+                jobs = [self._job(w) for w in windows]
+                audio = self._decode_jobs([j for j in jobs if j is not None])
+                for window, job in zip(windows, jobs):
+                    if job is not None:
+                        self._emit(job, audio.get(id(job)))
+                    self.windows += 1
+                    self.frames += len(window.codes)
+                    after_each()
+        finally:
+            self.busy = False
+
+    def _job(self, window: Frames) -> "Job | None":
+        """What decoding this window needs, with the request's state moved on; None if it is not decoded."""
+        rid = window.request_id
+        try:
+            if rid in self.failed:
+                if window.final:
+                    self.failed.discard(rid)
+                return None
+            self.faults.raise_at(window.start + len(window.codes), rid)
+            self.first_seen.setdefault(rid, time.monotonic())
+            have = self.codes.get(rid, np.zeros((0, window.codes.shape[1]), dtype=np.int64))
+            codes = np.concatenate((have[:window.start], window.codes))
+            index = self.chunks.get(rid, 0)
+            if window.final:
+                self.codes.pop(rid, None)
+                self.chunks.pop(rid, None)
+            else:
+                self.codes[rid] = codes
+                self.chunks[rid] = index + 1
+            context_start = max(0, window.start - self.left_context)
+            return Job(window, codes[context_start:], context_start, index)
+        except Exception:
+            self._fail(window)
+            return None
+
+    def _decode_jobs(self, jobs: list["Job"]) -> dict[int, np.ndarray]:
+        """Audio of each job's new frames.  Jobs of similar length share a pass, right-padded: the codec
+        is causal, so padding after a row's end changes none of its samples."""
+        out: dict[int, np.ndarray] = {}
+        todo = sorted((j for j in jobs if len(j.window.codes)), key=lambda j: len(j.codes))
+        while todo:
+            bucket = padded(LENGTHS, len(todo[0].codes)) if self.pool else None   # a captured length
+            limit = bucket or 2 * len(todo[0].codes)
+            group = [j for j in todo[:MAX_ROWS] if len(j.codes) <= limit]
+            todo = todo[len(group):]
+            t = bucket or len(group[-1].codes)
+            try:
+                self.passes += 1
+                audio = self._codec_pass([j.codes for j in group], [j.context_start for j in group], t)
+            except Exception:
+                for job in group:
+                    self._fail(job.window)
+                    out[id(job)] = None
+                continue
+            for b, job in enumerate(group):
+                skip = (job.window.start - job.context_start) * SAMPLES_PER_FRAME
+                out[id(job)] = audio[b, skip:len(job.codes) * SAMPLES_PER_FRAME]
+        return out
+
+    def _codec_pass(self, codes: list[np.ndarray], starts: list[int], t: int) -> np.ndarray:
+        """Audio [rows, t * 1920] for these frame arrays, right-padded to t: a captured graph's replay
+        when one fits (rows padded to a captured count), else an eager pass."""
+        rows = padded(ROWS, len(codes)) if self.pool and t in LENGTHS else None
+        batch = np.zeros((rows or len(codes), t, codes[0].shape[1]), dtype=np.int64)
+        for b, c in enumerate(codes):
+            batch[b, :len(c)] = c
+        first = torch.zeros(len(batch), dtype=torch.long)
+        first[:len(starts)] = torch.tensor(starts)
+        if rows:
+            self.codes_in[:rows, :t].copy_(torch.as_tensor(batch))
+            self.first_in[:rows].copy_(first)
+            audio = self.pool(rows, t)
+        else:
+            audio = self.codec(torch.as_tensor(batch, device=self.device), first_position=first)
+        return audio[:len(codes)].float().cpu().numpy()
+
+    def _emit(self, job: "Job", audio: np.ndarray | None) -> None:
+        window, rid = job.window, job.window.request_id
+        if audio is None:
+            if len(window.codes) or rid in self.failed:
+                return   # its pass raised: the request has failed
+            audio = np.zeros(0, dtype=np.float32)
+        if window.final:  # timing first: the final chunk completes the request on the other side
+            self.finished += 1
+            self.out_q.put(Decoded(rid, time.monotonic() - self.first_seen.pop(rid)))
+        self.out_q.put(AudioChunk(rid, job.index, audio, window.final))
+
+    def _fail(self, window: Frames) -> None:
+        request_crashed(self.out_q, 1, [window.request_id])
+        self.abort(window.request_id)
+        if not window.final:
+            self.failed.add(window.request_id)
+
+    def abort(self, request_id: str) -> None:
+        self.failed.discard(request_id)
+        self.codes.pop(request_id, None)
+        self.chunks.pop(request_id, None)
+        self.first_seen.pop(request_id, None)
