@@ -61,9 +61,10 @@ def main() -> int:
     ap.add_argument("lane", help="lane key or label")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--shards", type=int, default=2)
-    ap.add_argument("--lanes-file", type=Path, default=lanes.LANES_FILE)
+    ap.add_argument("--lanes-file", type=Path, default=None, help="default: the checkout's ci/lanes.yaml")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))   # unwinds: the lanes stop too
+    args.lanes_file = args.lanes_file or lanes.default_lanes_file()
     lane = lanes.find(args.lane, lanes.load(args.lanes_file))
     rows = []
     with tempfile.TemporaryDirectory(prefix="lane-scaling-") as tmp:

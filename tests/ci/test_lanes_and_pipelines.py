@@ -143,7 +143,7 @@ def test_vllm_lane_installs_and_runs_the_vllm_backend(capsys):
     assert main(["run", "vllm", "--dry-run", "--artifacts", "out"]) == 0
     assert "-m pytest tests/e2e/offline tests/e2e/online -m merge_only" in capsys.readouterr().out
     args = lane.pytest_args("out")
-    assert args[args.index("--backend"):][:2] == ["--backend", "vllm"] and args[-2:] == ["-n", "2"]
+    assert args[args.index("--lk-backend"):][:2] == ["--lk-backend", "vllm"] and args[-2:] == ["-n", "2"]
     assert lane.env["VLLM_CPU_KVCACHE_SPACE"] == "1"   # four engines' KV caches fit in memory
     # vLLM in the stage-0 process, its threads not pinned to one core
     assert lane.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and lane.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
@@ -302,8 +302,8 @@ def test_dry_run_is_the_ci_command(capsys):
     assert main(["run", "TTS · Qwen3-TTS Base Test", "--dry-run", "--artifacts", "out"]) == 0
     out = capsys.readouterr().out
     assert "-m pytest tests/e2e/offline tests/e2e/online -m merge_only -k 'voice_clone or test_base'" in out
-    assert "--timeout 300 --session-timeout 1800 --junitxml out/junit.xml --report-dir out" in out
-    assert "--profile qwen3_tts" in out
+    assert "--timeout 300 --session-timeout 1800 --junitxml out/junit.xml --lk-report-dir out" in out
+    assert "--lk-profile qwen3_tts" in out
 
 
 def test_a_lane_runs_the_profile_it_names(tmp_path, capsys):
@@ -313,7 +313,7 @@ def test_a_lane_runs_the_profile_it_names(tmp_path, capsys):
     lanes_file = one_lane_file(tmp_path, "hc", "as_shipped", profile="qwen3_tts_high_concurrency")
     art = tmp_path / "art"
     assert main(["run", "hc", "--dry-run", "--lanes-file", str(lanes_file), "--artifacts", str(art)]) == 0
-    assert "--profile qwen3_tts_high_concurrency" in capsys.readouterr().out
+    assert "--lk-profile qwen3_tts_high_concurrency" in capsys.readouterr().out
     run = _cli("run", "hc", "--lanes-file", str(lanes_file), "--artifacts", str(art))
     assert run.returncode == 0, run.stdout[-3000:]
     (case,) = ET.parse(art / "junit.xml").getroot().iter("testcase")
@@ -323,10 +323,10 @@ def test_a_lane_runs_the_profile_it_names(tmp_path, capsys):
 
 def test_unknown_profile_is_a_usage_error():
     run = subprocess.run([sys.executable, "-m", "pytest", "tests/e2e/offline", "-k", "as_shipped",
-                          "--profile", "no_such_profile", "-p", "no:cacheprovider"],
+                          "--lk-profile", "no_such_profile", "-p", "no:cacheprovider"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 4, run.stdout + run.stderr
-    assert "--profile: " in run.stderr and "no such profile file" in run.stderr
+    assert "--lk-profile: " in run.stderr and "no such profile file" in run.stderr
 
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>

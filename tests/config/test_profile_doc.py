@@ -111,7 +111,7 @@ def test_connectors_must_be_one_link(tmp_path):
 
 def _profiles_copy(tmp_path):
     dest = tmp_path / "profiles"
-    shutil.copytree(dest)
+    shutil.copytree(PROFILES_DIR, dest)
     return dest
 
 

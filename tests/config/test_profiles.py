@@ -29,7 +29,7 @@ def test_profile_validates(name):
 @pytest.mark.parametrize("name", PROFILES)
 def test_pins_hold(name):
     """The pins are what the profile resolves to, on every platform (regenerate: lanekeeper profile pin)."""
-    fresh = pins.compute([name])[name]
+    fresh = pins.compute(PROFILES_DIR, [name])[name]
     wrong = {f"{platform} {key}": (PINS[name].get(platform, {}).get(key, "<absent>"), value)
              for platform in PLATFORMS for key, value in fresh[platform].items()
              if PINS[name].get(platform, {}).get(key, "<absent>") != value}
