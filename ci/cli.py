@@ -12,9 +12,9 @@ import os
 import sys
 
 from engine.profile.resolve import check_file, dump_yaml, resolve
-from engine.errors import EngineError, UserError
+from engine.errors import UserError
 from engine.profile.location import ROOT_ENV, profile_source
-from engine.serve.commands import add_parsers as add_engine_parsers, profile_args
+from engine.serve.commands import add_parsers as add_engine_parsers, profile_args, run_command
 
 
 def cmd_profile_show(args) -> int:
@@ -129,21 +129,15 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[ROOT_ENV] = os.path.abspath(args.root)
     from ci.run import ci_api
 
-    try:
-        if hasattr(args, "api_deadline"):   # one deadline for all of this command's API calls
-            ci_api.set_deadline(args.api_deadline)
-        return args.func(args)
-    except UserError as e:
-        print(f"lanekeeper: error: {e}", file=sys.stderr)
-        return 2
-    except EngineError as e:
-        print(f"lanekeeper: engine failed: {e}", file=sys.stderr)
-        return 1
-    except BrokenPipeError:
-        # The reader went away (`lanekeeper ... | head`): stop quietly, and keep Python's exit-time
-        # flush of stdout from raising again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+    if hasattr(args, "api_deadline"):   # one deadline for all of this command's API calls, from its start
+        command = args.func
+
+        def with_deadline(a):
+            ci_api.set_deadline(a.api_deadline)
+            return command(a)
+
+        args.func = with_deadline
+    return run_command(args)
 
 
 def entry() -> int:

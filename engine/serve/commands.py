@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
+from engine.errors import EngineError, UserError
 from engine.profile.schema import BACKENDS, PLATFORMS
 from engine.serve import synth
 from engine.serve.argtypes import port, seconds, whole_number
@@ -65,3 +68,22 @@ def add_serve_parser(sub) -> None:
 def add_parsers(sub) -> None:
     synth.add_parser(sub, engine_args)
     add_serve_parser(sub)
+
+
+def run_command(args) -> int:
+    """Run a parsed command as every lanekeeper command ends: a user error is one line and status 2 (as
+    argparse's own usage errors), a failed engine one line and status 1, so that CI can tell "you
+    asked for something wrong" from "it broke"."""
+    try:
+        return args.func(args)
+    except UserError as e:
+        print(f"lanekeeper: error: {e}", file=sys.stderr)
+        return 2
+    except EngineError as e:
+        print(f"lanekeeper: engine failed: {e}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # The reader went away (`lanekeeper ... | head`): stop quietly, and keep Python's exit-time
+        # flush of stdout from raising again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
