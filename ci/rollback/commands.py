@@ -30,6 +30,19 @@ def _open_pr_for(slug: str):
     return find
 
 
+def _builds(args):
+    """The lane's history, from the file or CI API the arguments name."""
+    from ci.rollback import history
+
+    if args.history:
+        return history.load_file(args.history)
+    if args.buildkite:
+        return history.from_buildkite(args.buildkite)
+    if not args.workflow:
+        raise history.HistoryError("--github needs --workflow NAME (the workflow file, e.g. lanes.yml)")
+    return history.from_github(args.github, args.workflow)
+
+
 def cmd_rollback(args) -> int:
     from ci.rollback import history
     from ci.rollback import rules as rollback
@@ -41,14 +54,7 @@ def cmd_rollback(args) -> int:
     slug = args.github or os.environ.get("GITHUB_REPOSITORY")
     if args.open_pr and not slug:
         raise history.HistoryError("--open-pr needs --github OWNER/REPO or GITHUB_REPOSITORY")
-    if args.history:
-        builds = history.load_file(args.history)
-    elif args.buildkite:
-        builds = history.from_buildkite(args.buildkite)
-    else:
-        if not args.workflow:
-            raise history.HistoryError("--github needs --workflow NAME (the workflow file, e.g. lanes.yml)")
-        builds = history.from_github(args.github, args.workflow)
+    builds = _builds(args)
     keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys else None
     audit = rollback_branch.Audit(repo, args.push)
     decision = rollback.decide(builds, lane, repo, args.min_red, audit, keys=keys, remote=args.push,
@@ -57,7 +63,7 @@ def cmd_rollback(args) -> int:
     for line in decision.evidence:
         print(f"  {line}")
     record = {"lane": lane.key, "culprit": decision.culprit, "keys": decision.keys, "code": decision.code.value,
-              "reason": decision.reason,
+              "facts": decision.facts, "reason": decision.reason,
               "builds": [b.number for b in decision.reds], "branch": decision.branch}
     if not decision.act:
         audit.append({**record, "action": "none"})

@@ -60,9 +60,9 @@ MESSAGES = {
 }
 
 
-def infra_note(infra: list[Build]) -> str:
-    return (f"{len(infra)} build(s) set aside as infrastructure (lost agent / cancelled): "
-            f"{', '.join(f'#{b.number}' for b in infra)}")
+def infra_note(numbers: list[int]) -> str:
+    return (f"{len(numbers)} build(s) set aside as infrastructure (lost agent / cancelled): "
+            f"{', '.join(f'#{n}' for n in numbers)}")
 
 
 @dataclass
@@ -90,4 +90,7 @@ class Decision:
 
     @property
     def reason(self) -> str:
-        return MESSAGES[self.code].format(**self.facts)
+        facts = dict(self.facts)
+        if "infra" in facts:   # the build numbers set aside
+            facts["infra_note"] = infra_note(facts["infra"])
+        return MESSAGES[self.code].format(**facts)

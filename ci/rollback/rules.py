@@ -53,7 +53,7 @@ def results(c: Case):
             c.infra.append(b)
     c.flaky = [commit for commit, vs in by_commit.items() if vs == {"green", "red"}]
     if not c.seq:
-        return c.end(Reason.ONLY_INFRA, infra_note=infra_note(c.infra)) if c.infra else c.end(Reason.NO_RESULTS)
+        return c.end(Reason.ONLY_INFRA, infra=[b.number for b in c.infra]) if c.infra else c.end(Reason.NO_RESULTS)
 
 
 def flaky(c: Case):
@@ -66,7 +66,7 @@ def still_red(c: Case):
     if verdict == "green":
         later = [b for b in c.infra if b.number > newest.number]
         if later:
-            return c.end(Reason.GREEN_AFTER_INFRA, infra_note=infra_note(later), build=newest.number)
+            return c.end(Reason.GREEN_AFTER_INFRA, infra=[b.number for b in later], build=newest.number)
         return c.end(Reason.GREEN_AGAIN, build=newest.number)
 
 
@@ -81,7 +81,7 @@ def streak(c: Case):
     d.evidence += [f"red: build #{b.number} at {b.commit[:12]} {b.url}".rstrip() for b in d.reds]
     aside = [b for b in c.infra if b.number > d.last_green.number]
     if aside:
-        d.evidence.append(infra_note(aside))
+        d.evidence.append(infra_note([b.number for b in aside]))
 
 
 def confirmed(c: Case):

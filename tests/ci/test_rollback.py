@@ -7,6 +7,7 @@ content is always addressed by path (ProfileDoc), never by line or comment text.
 """
 import json
 import subprocess
+from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
@@ -143,9 +144,10 @@ def test_motivating_pull_request_is_rolled_back_once(tmp_path, capsys):
     code, out = rollback(capsys, repo, hist, "--apply", "--verify", "config")
     assert code == 0, out.out + out.err
     branch = f"rollback/{git(repo, 'rev-parse', '--short=10', s['flip'])}"
-    assert f"rolled back: branch {branch}" in out.out
-    assert "last green: build #1" in out.out and "red: build #2" in out.out and "culprit:" in out.out
-    assert "verified with config" in out.out and "passed" in out.out
+    (entry,) = Audit(repo).entries()
+    assert (entry["action"], entry["code"], entry["branch"]) == ("applied", Reason.CONFIRMED.value, branch)
+    assert entry["culprit"] == s["flip"] and entry["builds"] == [2, 3, 4]
+    assert "verified with config" in entry["verify"] and "passed" in entry["verify"]
     assert git(repo, "rev-parse", f"{branch}~1") == head and git(repo, "rev-parse", "HEAD") == head
     assert git(repo, "status", "--porcelain") == ""
 
@@ -189,6 +191,8 @@ def test_motivating_pull_request_is_rolled_back_once(tmp_path, capsys):
         assert code == 0 and Audit(repo).entries()[-1]["code"] == Reason.ALREADY_RECORDED.value, again.out
     assert git(repo, "rev-parse", branch) == tip and git(repo, "branch", "--list", "rollback/*").split() == [branch]
     assert [a["action"] for a in Audit(repo).entries()] == ["applied", "evidence", "none", "none"]
+    assert [a["code"] for a in Audit(repo).entries()] == [Reason.CONFIRMED.value, Reason.EVIDENCE.value,
+                                                           Reason.ALREADY_RECORDED.value, Reason.ALREADY_RECORDED.value]
 
 
 def test_keys_narrows_the_rollback(tmp_path, capsys):
@@ -211,7 +215,8 @@ def test_dry_run_changes_nothing(tmp_path, capsys):
     repo, s = make_repo(tmp_path)
     hist = red_history(tmp_path, s)
     code, out = rollback(capsys, repo, hist)
-    assert code == 0 and "dry run" in out.out and "would roll back" in out.out
+    assert code == 0 and Audit(repo).entries()[-1]["action"] == "dry_run"
+    assert Audit(repo).entries()[-1]["code"] == Reason.CONFIRMED.value
     assert DOCS in out.out                      # what a rollback would leave for review is said up front
     assert git(repo, "branch", "--list", "rollback/*") == ""
 
@@ -222,8 +227,9 @@ def test_infrastructure_failures_neither_count_nor_break(tmp_path, capsys):
     hist = history(tmp_path, (s["base"], "passed"), (s["flip"], "failed"), (s["after0"], lost),
                    (s["after1"], {"state": "timed_out", "exit_status": -1}))
     code, out = rollback(capsys, repo, hist)
-    assert code == 0 and "would roll back" in out.out
-    assert "1 build(s) set aside as infrastructure (lost agent / cancelled): #3" in out.out
+    entry = Audit(repo).entries()[-1]
+    assert code == 0 and entry["code"] == Reason.CONFIRMED.value
+    assert entry["builds"] == [2, 4]      # the lost agent's build #3 neither counts nor breaks the streak
 
 
 def test_infrastructure_only_reds_are_not_green_again(tmp_path, capsys):
@@ -234,7 +240,8 @@ def test_infrastructure_only_reds_are_not_green_again(tmp_path, capsys):
                    (s["after1"], {"state": "failed", "exit_status": -1}))
     code, out = rollback(capsys, repo, hist, "--apply")
     assert code == 0
-    assert Audit(repo).entries()[-1]["code"] == Reason.ONLY_INFRA.value
+    entry = Audit(repo).entries()[-1]
+    assert entry["code"] == Reason.GREEN_AFTER_INFRA.value and entry["facts"]["infra"] == [2, 3, 4]
     assert git(repo, "branch", "--list", "rollback/*") == ""
 
 
@@ -321,7 +328,8 @@ def test_remote_branch_and_open_pull_request(tmp_path, capsys, api, monkeypatch)
 
 
 @pytest.mark.parametrize("case", ["flaky", "one_red", "non_profile_start", "two_candidates", "noautorevert",
-                                  "culprit_is_rollback", "green_again", "already_restored", "daily_limit"])
+                                  "culprit_is_rollback", "green_again", "already_restored", "daily_limit",
+                                  "no_results", "only_infra", "no_green", "no_commits", "unresolvable"])
 def test_rails(case, tmp_path, capsys):
     flip_message = {"noautorevert": "Make v2 the default\n\nNOAUTOREVERT: we own this",
                     "culprit_is_rollback": "Roll back something\n\nRollback-Of: 0123456789abcdef"}.get(
@@ -332,7 +340,10 @@ def test_rails(case, tmp_path, capsys):
     expect = {"flaky": Reason.FLAKY, "one_red": Reason.NOT_CONFIRMED, "non_profile_start": Reason.NOT_A_FLIP,
               "two_candidates": Reason.SEVERAL_CANDIDATES, "noautorevert": Reason.NOAUTOREVERT,
               "culprit_is_rollback": Reason.CULPRIT_IS_ROLLBACK, "green_again": Reason.GREEN_AGAIN,
-              "already_restored": Reason.ALREADY_RESTORED, "daily_limit": Reason.DAILY_CAP}[case]
+              "already_restored": Reason.ALREADY_RESTORED, "daily_limit": Reason.DAILY_CAP,
+              "no_results": Reason.NO_RESULTS, "only_infra": Reason.ONLY_INFRA, "no_green": Reason.NO_GREEN,
+              "no_commits": Reason.NO_COMMITS, "unresolvable": Reason.UNRESOLVABLE}[case]
+    lanes = ("tts-base",)
     if case == "flaky":
         builds[2] = (a0, ["failed", "passed"])
     elif case == "one_red":
@@ -351,7 +362,19 @@ def test_rails(case, tmp_path, capsys):
         commit(repo, "Back to v1 by hand")
     elif case == "daily_limit":
         Audit(repo).append({"lane": "tts-base", "action": "applied"})
-    hist = history(tmp_path, *builds)
+    elif case == "no_results":
+        lanes = ("tts-customvoice",)                  # another lane's results only
+    elif case == "only_infra":
+        builds = [(sha, {"state": "failed", "exit_status": -1, "signal_reason": "agent_lost"}) for sha, _ in builds]
+    elif case == "no_green":
+        builds = builds[1:]
+    elif case == "no_commits":                        # the reds ran commits older than the green one
+        builds = [(a1, "passed"), (f, "failed"), (a0, "failed")]
+    elif case == "unresolvable":                      # a commit after the last green breaks the profile
+        set_values(repo, PROFILE, {"model_runner": "v3"})
+        broken = commit(repo, "Try runner v3", repin=False)
+        builds = [(a1, "passed"), (broken, "failed"), (commit(repo, "x", {"NOTES": "y"}, repin=False), "failed")]
+    hist = history(tmp_path, *builds, lanes=lanes)
     code, out = rollback(capsys, repo, hist, "--apply", "--verify", "none")
     assert code == 0, out.err
     assert Audit(repo).entries()[-1]["code"] == expect.value, out.out
@@ -483,3 +506,9 @@ def test_history_files_of_earlier_versions_still_load(tmp_path):
 def test_every_reason_code_renders_from_its_facts():
     """Messages are rendered in one place from a code and its facts; each code has one."""
     assert set(MESSAGES) == set(Reason)
+
+
+def test_every_reason_code_has_a_test():
+    """Each code is asserted by a test of this module (by its enum member)."""
+    source = Path(__file__).read_text()
+    assert [r.name for r in Reason if f"Reason.{r.name}" not in source] == []

@@ -50,7 +50,7 @@ def test_close_after_work_ends_the_stages_by_themselves(profile):
 def test_stages_start_from_the_engines_environment_not_the_fork_servers(profile, tmp_path, monkeypatch):
     """Stages fork from a server started with the first engine; a later engine's stages must still see
     the environment and working directory of the moment it starts them, as spawned ones would."""
-    from engine.process.tree import STACK_DIR_ENV, STACK_DUMP_SIGNAL, stack_file
+    from engine.process.stacks import STACK_DIR_ENV, STACK_DUMP_SIGNAL, stack_file
 
     with TTSEngine(profile):   # the fork server is up from here on
         pass
@@ -120,11 +120,12 @@ def test_orphaned_stages_exit(tmp_path):
 def test_guard_fails_a_test_that_leaks_an_engine(pytester):
     pytester.makepyfile(test_leak="""
         from engine.profile.resolve import resolve
-        from engine.runtime.engine import TTSEngine, _LIVE
+        from engine.runtime.engine import TTSEngine
+        from engine.runtime.registry import REGISTRY
 
         def test_leaks():
             engine = TTSEngine(resolve("qwen3_tts", platform="cpu"))
-            _LIVE.discard(engine)          # forget it, as a buggy test would
+            REGISTRY.unregister(engine)    # forget it, as a buggy test would
             engine._finalizer.detach()
             print("PIDS", *engine.pids())
 
@@ -144,4 +145,5 @@ def test_processes_say_what_they_are():
     assert describe_process("lk1:code2wav", "python3 -c from multiprocessing.spawn import spawn_main") == \
         "stage 1 (code2wav)"
     assert describe_process("VLLM::EngineCor", "VLLM::EngineCore") == "vLLM engine core"
-    assert describe_process("python3", "python3 -m ci.cli serve --port 1") == "speech server"
+    assert describe_process("lk-serve", "python3 -m engine.serve --port 1") == "speech server"
+    assert describe_process("python3", "python3 -m pytest") is None

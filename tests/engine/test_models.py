@@ -175,11 +175,11 @@ def test_handoff_windows():
 def test_runners_agree_in_process(overrides):
     from tests.helpers.reference import Inbox
     from engine.stage.messages import Codes
-    from engine.stage0.torch_backend import TorchTalker
+    from engine.stage0.process import make_talker
 
     profile = resolve("qwen3_tts", platform="cpu", overrides=overrides + ["stages.0.max_num_seqs=3"])
     out = Inbox()
-    talker = TorchTalker(profile, Inbox(), out)
+    talker = make_talker(profile, Inbox(), out)
     reqs = [SpeechRequest("runner check " * k, temperature=0.0, seed=k) for k in (1, 2, 3, 4)]
     for r in reqs:
         talker.add(r)
@@ -229,15 +229,15 @@ def test_v2_fits_its_kv_cache_to_the_budget_and_refuses_only_what_does_not_fit()
     from tests.helpers.reference import Inbox
     from engine.stage.messages import StageError
     from engine.stage0.model_runner import CapacityError
-    from engine.stage0.torch_backend import TorchTalker
+    from engine.stage0.process import make_talker
 
     tiny = PRESETS["tiny"].talker
     per_position = 2 * tiny.layers * tiny.kv_heads * tiny.head_dim * 4   # float32 K and V
     util = 64 * 600 * per_position / psutil.virtual_memory().total        # room for about 600 positions a slot
     out = Inbox()
-    talker = TorchTalker(resolve("qwen3_tts", platform="cpu", overrides=[f"stages.0.gpu_memory_utilization={util}"]),
+    talker = make_talker(resolve("qwen3_tts", platform="cpu", overrides=[f"stages.0.gpu_memory_utilization={util}"]),
                          Inbox(), out)
-    assert talker.runner.capacity == 512 and talker.info()["kv_positions"] == 512
+    assert talker.backend.capacity == 512 and talker.backend.info()["kv_positions"] == 512
     talker.add(SpeechRequest("x" * 700, seed=1))
     (refused,) = out
     assert isinstance(refused, StageError) and "512 positions of KV cache" in refused.message \
@@ -247,5 +247,5 @@ def test_v2_fits_its_kv_cache_to_the_budget_and_refuses_only_what_does_not_fit()
         talker.step()
     assert len(out) == 2 and out[-1].codes.shape[1] == 16
     with pytest.raises(CapacityError, match="lower stages.0.max_num_seqs"):
-        TorchTalker(resolve("qwen3_tts", platform="cpu", overrides=["stages.0.gpu_memory_utilization=1e-9"]),
+        make_talker(resolve("qwen3_tts", platform="cpu", overrides=["stages.0.gpu_memory_utilization=1e-9"]),
                     Inbox(), Inbox())
