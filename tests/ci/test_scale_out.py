@@ -109,7 +109,7 @@ def test_a_bad_shard_is_a_usage_error(pytester, spec):
     pytester.makepyfile(test_one="def test_one():\n    pass\n")
     result = pytester.runpytest_subprocess("--lk-shard", spec)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    assert re.search(r"--shard: .*expected K/N", "\n".join(result.errlines)), result.errlines
+    assert re.search(r"--lk-shard: .*expected K/N", "\n".join(result.errlines)), result.errlines
 
 
 def test_budget_hit_in_a_worker_makes_the_run_red(pytester):
@@ -159,13 +159,13 @@ def sharded(tmp_path):
 def test_a_sharded_lane_runs_its_shard_with_its_workers(sharded):
     explicit = _cli("run", "wide", "--shard", "2/2", "--dry-run", "--lanes-file", str(sharded))
     assert explicit.returncode == 0, explicit.stderr
-    assert "-n 2 --shard 2/2" in explicit.stdout and "artifacts/wide/shard-2-of-2/junit.xml" in explicit.stdout
+    assert "-n 2 --lk-shard 2/2" in explicit.stdout and "artifacts/wide/shard-2-of-2/junit.xml" in explicit.stdout
     # on Buildkite the parallel job says which shard (0-based)
     agent = _cli("run", "wide", "--dry-run", "--lanes-file", str(sharded),
                  env={"BUILDKITE_PARALLEL_JOB": "1", "BUILDKITE_PARALLEL_JOB_COUNT": "2"})
     assert agent.stdout == explicit.stdout
     whole = _cli("run", "wide", "--dry-run", "--lanes-file", str(sharded))
-    assert "--shard" not in whole.stdout and "artifacts/wide/junit.xml" in whole.stdout
+    assert "--lk-shard" not in whole.stdout and "artifacts/wide/junit.xml" in whole.stdout
     bad = _cli("run", "wide", "--dry-run", "--lanes-file", str(sharded),
                env={"BUILDKITE_PARALLEL_JOB": "2", "BUILDKITE_PARALLEL_JOB_COUNT": "2"})
     assert bad.returncode == 2 and "BUILDKITE_PARALLEL_JOB='2'" in bad.stderr
@@ -241,7 +241,7 @@ def test_repro_reruns_one_shards_failed_ids(pytester, api):
         run = _cli("repro", "--junit", str(pytester.path / "wide"), "--shard", f"{k}/2", "--dry-run")
         assert f"reproducing {len(failed[k])} failed test(s)" in run.stdout
         assert reproduced(run) == failed[k]
-        assert "--shard" not in run.stdout.splitlines()[-1]   # exactly those ids, whatever shard they came from
+        assert "--lk-shard" not in run.stdout.splitlines()[-1]   # exactly those ids, whatever shard they came from
     missing = _cli("repro", "--junit", str(pytester.path / "wide"), "--shard", "1/3", "--dry-run")
     assert missing.returncode == 2 and "no shard-1-of-3/junit.xml" in missing.stderr
 
