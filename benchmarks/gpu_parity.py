@@ -17,7 +17,7 @@ import numpy as np
 from engine.profile.resolve import resolve
 from engine.stage.messages import Codes
 from engine.request import SpeechRequest
-from engine.stage0.torch_backend import TorchTalker
+from engine.stage0.process import make_talker
 from offline_matrix import model_args   # this script's folder is on sys.path when run
 
 
@@ -31,7 +31,7 @@ def greedy_codes(args, runner: str, eager: bool, requests) -> dict[str, np.ndarr
         f"stages.0.max_num_seqs={args.batch}", f"stages.0.enforce_eager={str(eager).lower()}",
         "stages.0.max_model_len=1024"])
     out = Inbox()
-    talker = TorchTalker(profile, Inbox(), out)
+    talker = make_talker(profile, Inbox(), out)
     for r in requests:
         talker.add(r)
     while talker.busy:

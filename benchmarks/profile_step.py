@@ -17,7 +17,8 @@ import torch
 
 from engine.profile.resolve import resolve
 from engine.request import SpeechRequest
-from engine.stage0.torch_backend import TorchTalker
+from engine.stage0.process import make_talker
+from engine.stage0.talker import Talker
 from offline_matrix import model_args   # this script's folder is on sys.path when run
 
 
@@ -30,34 +31,34 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def talker_for(args, runner: str) -> TorchTalker:
+def talker_for(args, runner: str) -> Talker:
     profile = resolve("qwen3_tts", platform=args.platform, overrides=[
         f"model_runner={runner}", f"model.preset={args.preset}", f"model.dtype={args.dtype}",
         f"stages.0.max_num_seqs={args.batch}", f"stages.0.enforce_eager={str(args.eager).lower()}",
         f"stages.0.max_model_len={args.max_len}", f"stages.0.gpu_memory_utilization={args.gpu_util}"])
-    return TorchTalker(profile, Inbox(), Inbox())
+    return make_talker(profile, Inbox(), Inbox())
 
 
 def fill(talker, args):
     for i in range(args.batch):
         talker.add(SpeechRequest("x" * args.text_bytes, voice="ryan", seed=i, max_new_tokens=4 * args.steps))
-    while talker.waiting:   # admit (prefill) everything first: steps below are decode steps
+    while talker.scheduler.waiting:   # admit (prefill) everything first: steps below are decode steps
         talker.step()
 
 
 def timed_phases(talker, steps: int) -> dict[str, float]:
     """Seconds per phase, each wrapped in device syncs (so the sum is above an unsynced step)."""
     spent: dict[str, float] = defaultdict(float)
-    runner = talker.runner
+    runner, device = talker.backend.runner, talker.backend.device
 
     def wrap(obj, name, label):
         fn = getattr(obj, name)
 
         def timed(*a, **kw):
-            sync(talker.device)
+            sync(device)
             t0 = time.perf_counter()
             out = fn(*a, **kw)
-            sync(talker.device)
+            sync(device)
             spent[label] += time.perf_counter() - t0
             return out
         setattr(obj, name, timed)
@@ -66,12 +67,12 @@ def timed_phases(talker, steps: int) -> dict[str, float]:
     saved = [(runner, "decode", wrap(runner, "decode", "running rows' frame (talker, sampling, code predictor)")),
              (runner.sampling, "first", wrap(runner.sampling, "first", "  of which codebook-0 sampling (uncaptured)")),
              (runner, "residual_codes", wrap(runner, "residual_codes", "  of which code predictor (uncaptured)")),
-             (talker, "_hand_off", wrap(talker, "_hand_off", "handoff (per request)"))]
+             (talker.sender, "send", wrap(talker.sender, "send", "handoff (per request)"))]
     try:
         t0 = time.perf_counter()
         for _ in range(steps):
             talker.step()
-        sync(talker.device)
+        sync(device)
         spent["whole step (synced phases)"] = time.perf_counter() - t0
     finally:
         for obj, name, fn in saved:
@@ -81,13 +82,13 @@ def timed_phases(talker, steps: int) -> dict[str, float]:
 
 def timed_prefill(talker, k: int, repeats: int = 10) -> float:
     """Seconds to prefill k of the running requests' prompts again (their state is spent afterwards)."""
-    seqs = talker.running[:k]
-    talker.runner.prefill(seqs)   # warm-up
-    sync(talker.device)
+    seqs, runner, device = talker.scheduler.running[:k], talker.backend.runner, talker.backend.device
+    runner.prefill(seqs)   # warm-up
+    sync(device)
     t0 = time.perf_counter()
     for _ in range(repeats):
-        talker.runner.prefill(seqs)
-    sync(talker.device)
+        runner.prefill(seqs)
+    sync(device)
     return (time.perf_counter() - t0) / repeats
 
 
@@ -106,36 +107,36 @@ def main() -> None:
         fill(talker, args)
         for _ in range(3):
             talker.step()   # warm-up
-        sync(talker.device)
+        sync(talker.backend.device)
         t0 = time.perf_counter()
         for _ in range(args.steps):
             talker.step()
-        sync(talker.device)
+        sync(talker.backend.device)
         step = (time.perf_counter() - t0) / args.steps
-        print(f"\n## runner {runner}, batch {len(talker.running)}, {args.preset} {args.dtype}, "
+        print(f"\n## runner {runner}, batch {len(talker.scheduler.running)}, {args.preset} {args.dtype}, "
               f"{'eager' if args.eager else 'graphs'}: {1000 * step:.1f} ms a frame step "
-              f"({len(talker.running) / step:.0f} frames/s, {len(talker.running) / step / 12.5:.1f} audio-s/s)\n")
+              f"({len(talker.scheduler.running) / step:.0f} frames/s, {len(talker.scheduler.running) / step / 12.5:.1f} audio-s/s)\n")
         print("| phase | ms a step |\n| --- | --- |")
         for name, s in timed_phases(talker, args.steps).items():
             print(f"| {name} | {1000 * s:.2f} |")
         activities = [torch.profiler.ProfilerActivity.CPU]
-        if talker.device.type == "cuda":
+        if talker.backend.device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         with torch.profiler.profile(activities=activities) as prof:
             for _ in range(5):
                 talker.step()
-            sync(talker.device)
+            sync(talker.backend.device)
         if args.trace:
             prof.export_chrome_trace(f"{args.trace}/step-{runner}.json")
-        if talker.device.type == "cuda":
+        if talker.backend.device.type == "cuda":
             kernels = [e for e in prof.key_averages() if e.self_device_time_total > 0]
             print(f"\n{sum(e.count for e in kernels) / 5:.0f} device operations a step, "
                   f"{sum(e.self_device_time_total for e in kernels) / 5 / 1000:.2f} ms of device time")
-        for key in (["self_cuda_time_total"] if talker.device.type == "cuda" else []) + ["self_cpu_time_total"]:
+        for key in (["self_cuda_time_total"] if talker.backend.device.type == "cuda" else []) + ["self_cpu_time_total"]:
             print(f"\n### top operators by {key} (5 steps)\n")
             print(prof.key_averages().table(sort_by=key, row_limit=18, max_name_column_width=48))
         print("\n| prompts prefilled at once | ms |\n| --- | --- |")
-        for k in [k for k in (1, 4, 16) if k <= len(talker.running)]:
+        for k in [k for k in (1, 4, 16) if k <= len(talker.scheduler.running)]:
             print(f"| {k} | {1000 * timed_prefill(talker, k):.2f} |")
 
 

@@ -109,7 +109,7 @@ def test_blocked_test_is_ended_by_timeout_with_stacks(pytester, tmp_path):
     (incident,) = json.loads((tmp_path / "stall-report.json").read_text())
     assert incident["diagnosis"]["kind"] == "Timeout" and incident["test"].endswith("test_blocks_forever")
     stacks = "\n".join(incident["stacks"].values())
-    assert "stage_loop.py" in stacks and "most recent call first" in stacks
+    assert "stage/loop.py" in stacks and "most recent call first" in stacks
     assert "testcase" in (tmp_path / "junit.xml").read_text()
     assert not _tagged(tag)
 

@@ -90,7 +90,7 @@ def test_dropped_handoff_on_vllm_is_handoff_stall_and_no_vllm_process_remains():
         (result,) = engine.generate([SpeechRequest("Frames from vLLM that stage one never receives.")],
                                     timeout=60)
         elapsed = time.monotonic() - t0
-        seconds = engine.beats[0][1]["seconds"]   # stage 0's clocks run on vLLM too (/metrics shows them)
+        seconds = engine.beats[0][1].seconds   # stage 0's clocks run on vLLM too (/metrics shows them)
         assert seconds["admit"] > 0 and seconds["decode"] > 0 and seconds["handoff"] > 0, seconds
     assert elapsed < 10
     with pytest.raises(StageHandoffStall) as err:
