@@ -35,17 +35,8 @@ class Cell:
         return cls(runner, "off" if graph == "no_cuda_graph" else "on", handoff, *backend)
 
 
-TASK_NEEDLES = (("voice_design", "VoiceDesign"), ("voice_clone", "Base"), ("test_base", "Base"))
 CELL_RE = re.compile(rf"\b((?:{'|'.join(b for b in BACKENDS if b != 'torch')})-)?"
                      r"(v1|v2)-(cuda_graph|no_cuda_graph)-(async_chunk|full_payload)\b")
-
-
-def task_of(test_id: str) -> str:
-    """The task type a matrix test exercises, from its id."""
-    for needle, task in TASK_NEEDLES:
-        if needle in test_id:
-            return task
-    return "CustomVoice"
 
 
 def cell_in(test_id: str) -> str | None:

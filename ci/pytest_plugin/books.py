@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ci.pytest_plugin.run import RUN, RunState, is_worker
+from ci.pytest_plugin.parametrize import task_of
 from ci.pytest_plugin.stalls import Incident, diagnosis_of, write_stall_report
 from ci.pytest_plugin.timeouts import budget, budget_exhausted
 from ci.run.report import Case, render, summarize
@@ -45,17 +46,17 @@ def pytest_configure(config):
 def case_of(report) -> Case:
     """A report as pytest's JUnit writer records it (same status, same message), so that the summary
     made here and the one `lanekeeper report` makes from the JUnit file agree."""
-    diagnosis = diagnosis_of(report)
+    diagnosis, task = diagnosis_of(report), task_of(report)
     if report.passed:
-        return Case.from_nodeid(report.nodeid, "passed", "")
+        return Case.from_nodeid(report.nodeid, "passed", "", task=task)
     if report.skipped:   # longrepr is (file, line, "Skipped: <reason>")
-        return Case.from_nodeid(report.nodeid, "skipped", str(report.longrepr[2]).removeprefix("Skipped: "))
+        return Case.from_nodeid(report.nodeid, "skipped", str(report.longrepr[2]).removeprefix("Skipped: "), task=task)
     crash = getattr(report.longrepr, "reprcrash", None)
     reason = crash.message if crash is not None else str(report.longrepr)
     if report.when == "call":
-        return Case.from_nodeid(report.nodeid, "failed", f"{reason}\n{report.longrepr}", diagnosis=diagnosis)
+        return Case.from_nodeid(report.nodeid, "failed", f"{reason}\n{report.longrepr}", diagnosis=diagnosis, task=task)
     return Case.from_nodeid(report.nodeid, "error", f'failed on {report.when} with "{reason}"\n{report.longrepr}',
-                            diagnosis=diagnosis)
+                            diagnosis=diagnosis, task=task)
 
 
 def summary_markdown(state: RunState) -> str:

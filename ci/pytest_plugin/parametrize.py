@@ -7,6 +7,7 @@ import pytest
 
 from ci.matrix import CUDA_GRAPH, HANDOFFS, RUNNERS, TEST_WATCHDOG, cells
 from ci.pytest_plugin.run import RUN, matrix_on
+from ci.run.junit import TASK_PROPERTY
 
 
 def selected_cells(config):
@@ -70,3 +71,20 @@ def cell_of(item) -> str | None:
     if "shipped" in params:
         return params["shipped"].cell
     return getattr(params.get("cell"), "id", None)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "task(name): the task type a matrix test exercises (CustomVoice, "
+                                       "VoiceDesign, Base); the summary's matrix groups by it")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """The test's task goes with every report of it, and into its JUnit record."""
+    marker = item.get_closest_marker("task")
+    if marker is not None:
+        item.user_properties.append((TASK_PROPERTY, marker.args[0]))
+
+
+def task_of(report) -> str | None:
+    return next((value for name, value in getattr(report, "user_properties", ()) if name == TASK_PROPERTY), None)

@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from ci.matrix import task_of
-from ci.pytest_plugin.parametrize import cell_of
+from ci.pytest_plugin.parametrize import cell_of, task_of
 from ci.pytest_plugin.run import RUN, RunState
 from ci.pytest_plugin.timeouts import STARTED, timed_out
 from engine.diagnosis import TIMEOUT, WATCHDOG_KINDS, Diagnosis
@@ -35,7 +34,7 @@ class Incident(BaseModel):
     """One stalled test, as the stall report keeps it."""
     test: str
     cell: str | None
-    task: str
+    task: str | None
     phase: str
     seconds: float                   # the test phase's duration
     diagnosis: Diagnosis             # the first diagnosis: what the test is reported as
@@ -130,7 +129,7 @@ def pytest_runtest_makereport(item, call):
         return report
     state = item.config.stash[RUN]
     cell = cell_of(item)
-    incident = Incident(test=item.nodeid, cell=cell, task=task_of(item.nodeid), phase=report.when,
+    incident = Incident(test=item.nodeid, cell=cell, task=task_of(item), phase=report.when,
                         seconds=round(call.duration, 2), diagnosis=diagnosis, diagnoses=found,
                         stacks=dump_stacks(state))
     kill_engines()
@@ -156,7 +155,7 @@ def write_stall_report(state: RunState) -> None:
     for inc in state.incidents:
         d = inc.diagnosis
         lines += [f"## {d.kind} in `{inc.test}`", "",
-                  f"- cell: `{inc.cell or '-'}`, task: {inc.task}",
+                  f"- cell: `{inc.cell or '-'}`, task: {inc.task or '-'}",
                   f"- after {inc.seconds} s: {d.message}"]
         if d.stage is not None:
             lines.append(f"- stage {d.stage} ({d.stage_name}), request(s) "

@@ -1,6 +1,7 @@
 """JUnit XML files, read into `ci.run.report.Case` records: what `lanekeeper report`, `repro` and rollback
 take from a CI run.  A stalled test's record carries its Diagnosis as the property
-`lanekeeper_diagnosis` (JSON), written by the pytest plugin and read back through the model."""
+`lanekeeper_diagnosis` (JSON), written by the pytest plugin and read back through the model; a matrix
+test's, its task type as `lanekeeper_task`."""
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
@@ -13,6 +14,7 @@ from engine.diagnosis import Diagnosis
 from engine.errors import UserError
 
 PROPERTY = "lanekeeper_diagnosis"
+TASK_PROPERTY = "lanekeeper_task"
 
 
 class JunitError(UserError):
@@ -41,8 +43,9 @@ def parse(path: str | Path, data: bytes | None = None) -> list[Case]:
                     status = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
                     message = (el.get("message") or "") + "\n" + (el.text or "")
                     break
+            task = next((p.get("value") for p in tc.iter("property") if p.get("name") == TASK_PROPERTY), None)
             cases.append(Case(tc.get("classname", ""), tc.get("name"), status, message.strip(), suite.get("name", ""),
-                              _diagnosis(path, tc)))
+                              _diagnosis(path, tc), task))
     return cases
 
 

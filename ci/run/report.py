@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from ci.matrix import Cell, cell_in, task_of
+from ci.matrix import Cell, cell_in
 from engine.diagnosis import Diagnosis
 
 
@@ -24,6 +24,7 @@ class Case:
     message: str
     suite: str = ""
     diagnosis: Diagnosis | None = None
+    task: str | None = None   # the task type a matrix test exercises, as it recorded it (marker `task`)
 
     def nodeid(self, root: Path) -> str:
         parts = self.classname.split(".")
@@ -39,12 +40,12 @@ class Case:
 
     @classmethod
     def from_nodeid(cls, nodeid: str, status: str, message: str, suite: str = "",
-                    diagnosis: Diagnosis | None = None) -> "Case":
+                    diagnosis: Diagnosis | None = None, task: str | None = None) -> "Case":
         """A test's result as pytest's JUnit writer records it (classname: the module path, dotted)."""
         path, _, name = nodeid.partition("::")
         *classes, name = name.split("::")
         classname = ".".join([path.removesuffix(".py").replace("/", "."), *classes])
-        return cls(classname, name, status, message, suite, diagnosis)
+        return cls(classname, name, status, message, suite, diagnosis, task)
 
     @property
     def test(self) -> str:
@@ -80,7 +81,7 @@ def summarize(cases: list[Case]) -> dict:
         cell = cell_in(case.name)
         if cell is None:
             continue
-        row = rows[(case.mode, cell, task_of(case.test))]
+        row = rows[(case.mode, cell, case.task or "-")]
         row[kind] += 1
         if why and why not in row["why"]:
             row["why"].append(why)

@@ -6,7 +6,7 @@
                                      engine.request.AudioChunk (stage 1's audio)
 
 They cross process boundaries pickled; each receiver dispatches on the type in one place
-(`TTSEngine._dispatch`, `stage0.run`, `stage1.run`).
+(`TTSEngine._dispatch`, `engine.stage0.process`, `engine.stage1.process`).
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.request import SpeechRequest
+from engine.stage.stats import Code2WavStats, TalkerStats
 
 
 @dataclass
@@ -50,9 +51,9 @@ class Ready:
 
 @dataclass
 class Beat:
-    """A heartbeat with the stage's progress counters (see Talker.stats and Code2Wav.stats)."""
+    """A heartbeat with the stage's progress counters (engine.stage.stats)."""
     stage: int
-    stats: dict
+    stats: TalkerStats | Code2WavStats
 
 
 @dataclass

@@ -319,5 +319,5 @@ def test_history_file_shard_field(tmp_path):
     assert [r.shard for r in build.lanes["wide"]] == [1, 2]
     path.write_text(json.dumps({"builds": [{"number": 1, "commit": "a", "branch": "main",
                                             "lanes": {"wide": {"state": "passed", "shard": 0}}}]}))
-    with pytest.raises(history.HistoryError, match=r"shard: Input should be greater than or equal to 1"):
+    with pytest.raises(history.HistoryError, match=r"\.shard: "):   # names the field, whatever pydantic says
         history.load_file(path)

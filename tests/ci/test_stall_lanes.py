@@ -105,7 +105,6 @@ def test_blocked_test_is_ended_by_timeout_with_stacks(pytester, tmp_path):
     assert time.monotonic() - t0 < 60
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed") == 1 and outcomes.get("passed", 0) + outcomes.get("errors", 0) >= 1
-    result.stdout.fnmatch_lines(["*Timeout (>4.0s) from pytest-timeout*"])
     (incident,) = json.loads((tmp_path / "stall-report.json").read_text())
     assert incident["diagnosis"]["kind"] == "Timeout" and incident["test"].endswith("test_blocks_forever")
     stacks = "\n".join(incident["stacks"].values())
@@ -124,10 +123,9 @@ def test_lane_budget_stops_the_run(pytester):
             time.sleep(1.0)
     """)
     result = pytester.runpytest_subprocess("--session-timeout", "2.5")
-    assert result.ret == 1
     outcomes = result.parseoutcomes()
-    assert outcomes.get("passed", 0) < 5
-    result.stdout.fnmatch_lines(["*Lane budget of 2s exhausted*", "*session-timeout: 2.5 sec exceeded*"])
+    # the run stopped early, and is red although every test it ran passed
+    assert result.ret == 1 and outcomes.get("passed", 0) < 5 and not outcomes.get("failed")
 
 
 def test_the_budget_caps_a_test_with_its_own_timeout(pytester):
@@ -141,10 +139,11 @@ def test_the_budget_caps_a_test_with_its_own_timeout(pytester):
             time.sleep(30)
     """)
     t0 = time.monotonic()
-    result = pytester.runpytest_subprocess("--session-timeout", "3")
+    result = pytester.runpytest_subprocess("--session-timeout", "3", "--lk-report-dir", "reports")
     assert time.monotonic() - t0 < 20, result.stdout.str()[-2000:]
     assert result.ret == 1
-    result.stdout.fnmatch_lines(["*Timeout (>*s) from pytest-timeout*", "*Lane budget of 3s exhausted*"])
+    (incident,) = json.loads((pytester.path / "reports" / "stall-report.json").read_text())
+    assert incident["diagnosis"]["kind"] == "Timeout" and incident["seconds"] < 10
 
 
 def test_one_diagnosis_everywhere(pytester, tmp_path):

@@ -1,4 +1,5 @@
-"""Every shipped profile validates, every pin holds, and precedence is what DESIGN.md says."""
+"""Every shipped profile validates, every pin holds, and precedence runs in its one order: overrides, the
+platform section, the overlay, the base, schema defaults."""
 import json
 import subprocess
 import sys

@@ -147,3 +147,33 @@ def test_processes_say_what_they_are():
     assert describe_process("VLLM::EngineCor", "VLLM::EngineCore") == "vLLM engine core"
     assert describe_process("lk-serve", "python3 -m engine.serve --port 1") == "speech server"
     assert describe_process("python3", "python3 -m pytest") is None
+
+
+def test_a_program_that_used_an_engine_leaves_nothing_when_it_exits(tmp_path):
+    """The fork server the stages fork from, and every stage, end with the program that started them."""
+
+    import psutil
+
+    script = tmp_path / "use_engine.py"
+    script.write_text("from engine.profile.resolve import resolve\nfrom engine.runtime.engine import TTSEngine\n"
+                      "from engine.request import SpeechRequest\n\nif __name__ == '__main__':\n"
+                      "    with TTSEngine(resolve('qwen3_tts', platform='cpu')) as e:\n"
+                      "        e.generate([SpeechRequest('One line.')])\n")
+    proc = subprocess.Popen([sys.executable, str(script)], start_new_session=True, stderr=subprocess.PIPE, text=True)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+
+    def left():   # the program led a session of its own: whatever is still in it, it left behind
+        out = []
+        for p in psutil.process_iter():
+            try:
+                if os.getsid(p.pid) == proc.pid:
+                    out.append(p.pid)
+            except (ProcessLookupError, PermissionError, psutil.Error):
+                pass
+        return out
+
+    deadline = time.monotonic() + 5
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left() == []

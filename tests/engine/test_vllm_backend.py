@@ -107,7 +107,8 @@ def test_matrix_skips_every_cell_and_goes_red_when_vllm_will_not_import(pytester
     fake.mkdir()
     (fake / "__init__.py").write_text("raise ImportError('No module named vllm')\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")]))
-    pytester.makepyfile(test_cells="def test_cell(cell):\n    raise AssertionError('must not run')\n")
+    pytester.makepyfile(test_cells="import pytest\n\n\n@pytest.mark.task('CustomVoice')\n"
+                                   "def test_cell(cell):\n    raise AssertionError('must not run')\n")
     result = pytester.runpytest_subprocess("--lk-backend", "vllm", "--lk-platform", "cpu", "-rs")
     result.assert_outcomes(skipped=8)
     assert result.ret == 1      # a vLLM lane that ran no vLLM cell is red, not green

@@ -10,7 +10,7 @@ from engine.models.tokenizer import frames_for_text
 from tests.helpers.reference import assert_matches_reference, check_as_shipped
 from tests.helpers.speech_requests import TEXTS, make_request
 
-pytestmark = [pytest.mark.offline, pytest.mark.merge_only]
+pytestmark = [pytest.mark.offline, pytest.mark.merge_only, pytest.mark.task("CustomVoice")]
 
 
 def _check_audio(result, text):
@@ -37,9 +37,11 @@ def test_streaming_equals_generate(cell, offline_engine):
     chunks = list(offline_engine.stream(make_request("CustomVoice", text, seed=5)))
     assert [c.index for c in chunks] == list(range(len(chunks))) and chunks[-1].final
     frames = frames_for_text(text)
-    if cell.handoff == "async_chunk":   # 1 initial frame, then windows of 25
-        assert len(chunks) == 1 + -(-(frames - 1) // 25)
-        assert len(chunks[0].audio) == SAMPLES_PER_FRAME
+    if cell.handoff == "async_chunk":   # the initial window, then windows of the connector's chunk
+        conn = offline_engine.profile.connector()
+        first = conn.initial_codec_chunk_frames
+        assert len(chunks) == 1 + -(-(frames - first) // conn.codec_chunk_frames)
+        assert len(chunks[0].audio) == first * SAMPLES_PER_FRAME
     else:
         assert len(chunks) == 1
     (whole,) = offline_engine.generate([make_request("CustomVoice", text, seed=5)])

@@ -5,7 +5,7 @@ import pytest
 from tests.helpers.reference import assert_matches_reference, check_as_shipped
 from tests.helpers.speech_requests import make_request
 
-pytestmark = [pytest.mark.offline, pytest.mark.merge_only]
+pytestmark = [pytest.mark.offline, pytest.mark.merge_only, pytest.mark.task("VoiceDesign")]
 
 
 def test_voice_design(cell, offline_engine, greedy_reference):

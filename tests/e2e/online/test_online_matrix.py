@@ -32,6 +32,7 @@ def _stream(client, fmt, stream_format="audio", **extra):
     return b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
 
 
+@pytest.mark.task("CustomVoice")
 def test_text_to_audio(cell, client):
     expected = frames_for_text(TEXT) * 1920
     decoded = {}
@@ -47,6 +48,7 @@ def test_text_to_audio(cell, client):
     assert np.std(decoded["wav"][0]) > 100
 
 
+@pytest.mark.task("VoiceDesign")
 def test_voice_design(cell, client):
     audio = _speech(client, "wav", task_type="VoiceDesign", instructions="A bright, fast, cheerful voice.")
     design, sr = decode(audio, "wav")
@@ -54,6 +56,7 @@ def test_voice_design(cell, client):
     assert sr == 24000 and len(design) == len(plain) and not np.array_equal(design, plain)
 
 
+@pytest.mark.task("Base")
 def test_voice_clone(cell, client):
     ref = (0.2 * np.sin(np.arange(24000) / 7)).astype(np.float32)
     extra = {"task_type": "Base", "ref_audio": data_url(ref), "ref_text": "A reference line."}
