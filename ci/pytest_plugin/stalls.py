@@ -166,3 +166,22 @@ def write_stall_report(state: RunState) -> None:
                       "</details>"]
         lines.append("")
     (state.report_dir / "stall-report.md").write_text("\n".join(lines))
+
+
+# The incident crosses from an xdist worker to the controller with its report, through pytest's report
+# serialisation hooks, so the books see it wherever the test ran.
+@pytest.hookimpl(wrapper=True)
+def pytest_report_to_serializable(config, report):
+    data = yield
+    incident = getattr(report, "lanekeeper_incident", None)
+    if data is not None and incident is not None:
+        data["lanekeeper_incident"] = incident
+    return data
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_report_from_serializable(config, data):
+    report = yield
+    if report is not None and "lanekeeper_incident" in data:
+        report.lanekeeper_incident = data["lanekeeper_incident"]
+    return report

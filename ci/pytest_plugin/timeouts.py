@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+from ci.pytest_plugin.run import RUN
+
 STARTED = pytest.StashKey[float]()
 BUDGET_HIT = pytest.StashKey[bool]()
 TIMER = pytest.StashKey[tuple[float, float]]()   # (seconds, when they run out) of the test's running timer
@@ -79,8 +81,6 @@ def budget_left(config, started: float) -> float | None:
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
-    from ci.pytest_plugin.run import RUN
-
     started = item.config.stash[RUN].started
     timeout, func_only = timeout_for(item)
     left = budget_left(item.config, started)

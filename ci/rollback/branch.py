@@ -1,4 +1,4 @@
-"""Making a rollback (ci/rollback/decide.py decides whether to): the branch `rollback/<culprit>` with the
+"""Making a rollback (ci/rollback/rules.py decides whether to): the branch `rollback/<culprit>` with the
 restored defaults and regenerated pins, verified in a separate worktree before it is kept; a second
 lane's red as an evidence commit on it; and the audit log every decision is appended to."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ci.git import git, identity
 from ci.lanes.schema import Lane
-from ci.rollback.decide import EVIDENCE, PINS, PROFILES, REVIEW, TRAILER, RollbackError, chain_files, undo
+from ci.rollback.repo import EVIDENCE, PINS, PROFILES, REVIEW, TRAILER, RollbackError, chain_files, undo
 from ci.rollback.decision import Decision
 from engine.profile.document import MISSING, ProfileDoc
 

@@ -11,7 +11,7 @@ from ci.run import junit
 from ci.lanes import schema as lanes
 from engine.serve.argtypes import whole_number
 from ci.git import GitError, check_repo, git, remote_ref
-from ci.rollback.decide import REVIEW
+from ci.rollback.repo import REVIEW
 from ci.rollback.decision import Reason
 from ci.run.commands import api_deadline_arg, lanes_file
 

@@ -13,7 +13,7 @@ from typing import Callable
 
 from ci.git import existing_ref, git
 from ci.lanes.schema import Lane
-from ci.rollback.decide import PINS, TRAILER, _check_commits, _left_over, _recorded, branch_name, chain_files, \
+from ci.rollback.repo import PINS, TRAILER, check_commits, left_over, recorded, branch_name, chain_files, \
     resolved_at
 from ci.rollback.decision import Decision, Reason, infra_note
 from ci.rollback.history import Build
@@ -93,7 +93,7 @@ def confirmed(c: Case):
 def culprit(c: Case):
     """The one commit in (last green, first red] that changed a default of the lane's profile."""
     d = c.d
-    _check_commits(c.repo, [d.last_green, *d.reds])
+    check_commits(c.repo, [d.last_green, *d.reds])
     commits = git(c.repo, "rev-list", "--reverse", f"{d.last_green.commit}..{d.reds[0].commit}").split()
     if not commits:
         return c.end(Reason.NO_COMMITS, last_green=d.last_green.commit[:12], first_red=d.reds[0].commit[:12])
@@ -120,7 +120,7 @@ def scope(c: Case):
     d = c.d
     touched = git(c.repo, "diff-tree", "--no-commit-id", "--name-only", "-r", "--no-renames", d.culprit).split()
     chain = set(chain_files(c.repo, c.lane.profile))
-    d.others = [t for t in touched if t != PINS and (t not in chain or _left_over(c.repo, d.culprit, t, set(d.keys)))]
+    d.others = [t for t in touched if t != PINS and (t not in chain or left_over(c.repo, d.culprit, t, set(d.keys)))]
     d.branch = branch_name(c.repo, d.culprit)
     if "<invalid>" in d.keys:
         return c.end(Reason.UNRESOLVABLE)
@@ -153,8 +153,8 @@ def not_done(c: Case):
     if not (d.existing or d.pr):
         return None
     where = f"branch {d.branch}" + (f" (pull request {d.pr.get('html_url')})" if d.pr else "")
-    recorded = d.existing and _recorded(c.repo, d.existing, d.culprit, c.lane)
-    return c.end(Reason.ALREADY_RECORDED if recorded else Reason.EVIDENCE, culprit=d.culprit[:12], where=where)
+    done = d.existing and recorded(c.repo, d.existing, d.culprit, c.lane)
+    return c.end(Reason.ALREADY_RECORDED if done else Reason.EVIDENCE, culprit=d.culprit[:12], where=where)
 
 
 def under_cap(c: Case):

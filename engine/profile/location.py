@@ -31,7 +31,8 @@ def find_checkout(start: Path | None = None) -> Path | None:
     if named:
         root = Path(named).resolve()
         if not is_checkout(root):
-            raise UserError(f"--root {named}: not a lanekeeper checkout (it needs {' and '.join(MARKERS)})")
+            raise UserError(f"--root (LANEKEEPER_ROOT) {named}: not a lanekeeper checkout "
+                            f"(it needs {' and '.join(MARKERS)})")
         return root
     here = (start or Path.cwd()).resolve()
     return next((p for p in (here, *here.parents) if is_checkout(p)), None)

@@ -8,6 +8,7 @@ a plain dict update and every value can remember where it came from.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -201,10 +202,15 @@ class RunnerUnsupported(ProfileError):
     """A platform that refuses the profile's runner by design (v2 on npu and xpu): not a broken profile."""
 
 
+@functools.cache
+def _defaults() -> dict:
+    """Every setting's schema default, by dotted path."""
+    return flatten(Settings(stages=[TalkerStage(stage_id=0), Code2WavStage(stage_id=1)]).model_dump())
+
+
 def _unread(profile: ResolvedProfile) -> None:
     """A setting the backend does not read, set to something else than its default, is refused."""
-    defaults = flatten(Settings(stages=[TalkerStage(stage_id=0), Code2WavStage(stage_id=1)]).model_dump())
-    flat = profile.flat()
+    defaults, flat = _defaults(), profile.flat()
     for key in UNREAD[profile.config.backend]:
         if flat[key] != defaults[key].value:
             raise ProfileError(f"backend {profile.config.backend} does not read {key}, so {flat[key]!r} (set by "

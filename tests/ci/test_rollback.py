@@ -14,7 +14,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from ci.cli import main
-from ci.rollback.decide import REVIEW
+from ci.rollback.repo import REVIEW
 from ci.rollback.decision import MESSAGES, Reason
 from ci.rollback.branch import Audit
 from engine.profile import pins

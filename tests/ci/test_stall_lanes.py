@@ -124,8 +124,8 @@ def test_lane_budget_stops_the_run(pytester):
     """)
     result = pytester.runpytest_subprocess("--session-timeout", "2.5")
     outcomes = result.parseoutcomes()
-    # the run stopped early, and is red although every test it ran passed
-    assert result.ret == 1 and outcomes.get("passed", 0) < 5 and not outcomes.get("failed")
+    # the run stopped early, and is red (the last test it started may have been cut off at the budget)
+    assert result.ret == 1 and outcomes.get("passed", 0) + outcomes.get("failed", 0) < 5
 
 
 def test_the_budget_caps_a_test_with_its_own_timeout(pytester):

@@ -1,6 +1,7 @@
 """`lanekeeper rollback`: roll a profile default back when a merge-only lane turned red.
 
-The decision is `ci.rollback.rules.decide`; this module holds what it and the branch read and edit.
+This module is what the decision (`rules.py`) and the branch (`branch.py`) read and edit in the
+repository: profiles as a commit had them, the culprit's files, the rollback's trailers.
 
 It acts only on a confirmed red that one commit explains: a red streak on at least
 `min_red` distinct commits after the last green, still red now, with no flaky commit (a
@@ -48,7 +49,7 @@ class RollbackError(UserError):
     """Bad input or state: a missing repository or commit, a dirty work tree."""
 
 
-def _check_commits(repo: Path, builds: list[Build]) -> None:
+def check_commits(repo: Path, builds: list[Build]) -> None:
     """Every commit the decision reads must be in the repository, or the answer would be a guess."""
     shallow = git(repo, "rev-parse", "--is-shallow-repository", check=False).strip() == "true"
     for b in builds:
@@ -94,7 +95,7 @@ def branch_name(repo: Path, commit: str) -> str:
     return f"rollback/{git(repo, 'rev-parse', '--short=10', commit).strip()}"
 
 
-def _recorded(repo: Path, ref: str, culprit: str, lane: Lane) -> bool:
+def recorded(repo: Path, ref: str, culprit: str, lane: Lane) -> bool:
     """Whether a commit on `ref` already records this lane's red for this culprit."""
     messages = git(repo, "log", "--format=%B%x00", ref, check=False).split("\0")
     return any(f"{TRAILER}: {culprit}" in m and f"{EVIDENCE}: {lane.key}" in m for m in messages)
@@ -120,7 +121,7 @@ def undo(repo: Path, culprit: str, file: str, keys: set[str], doc: ProfileDoc) -
     return done
 
 
-def _left_over(repo: Path, culprit: str, file: str, keys: set[str]) -> bool:
+def left_over(repo: Path, culprit: str, file: str, keys: set[str]) -> bool:
     """Whether the culprit changed more in `file` than the keys a rollback restores (a comment, another key)."""
     doc = ProfileDoc.load(file, git(repo, "show", f"{culprit}:{file}", check=False) or "{}")
     undo(repo, culprit, file, keys, doc)
