@@ -90,3 +90,10 @@ def test_bad_cli_argument(capsys):
         main(["profile", "show", "qwen3_tts", "--platform", "tpu"])
     assert exc.value.code == 2
     assert "invalid choice: 'tpu'" in capsys.readouterr().err
+
+
+def test_a_bad_value_is_named_with_its_key(capsys):
+    """Whatever the schema library says about it, the error names the key and the value given."""
+    assert main(["profile", "show", "qwen3_tts", "--platform", "cpu", "--set", "stages.0.max_num_seqs=many"]) == 2
+    err = capsys.readouterr().err
+    assert "stages.0.max_num_seqs: " in err and "'many'" in err
