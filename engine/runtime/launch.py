@@ -10,6 +10,7 @@ import signal
 from engine.process.owner import Owner, join_group
 from engine.process.stacks import dump_stacks_on_signal
 from engine.process.tree import name_process
+from engine.runtime.registry import REGISTRY
 from engine.stage0.process import run as run_stage0
 from engine.stage1.process import run as run_stage1
 
@@ -27,11 +28,17 @@ def stage_context():
 
 @atexit.register
 def _stop_fork_server() -> None:
-    """At exit, end the fork server (if this process started one) and wait for it, so that nothing this
-    process started outlives it.  (Killed outright, the process still ends it: the server exits when
-    its pipe from here closes.)"""
+    """At exit, end the engines still open (a program that never closed one) and then the fork server (if
+    this process started one), and wait for it, so that nothing this process started outlives it.  The
+    server waits for the stages it forked, so they go first: the engines' own exit-time finalizers may
+    run after this, depending on what was imported when.  (Killed outright, the process still ends it
+    all: the server exits when its pipe from here closes, and the stages watch the engine's process.)
+
+    `_forkserver._stop` is multiprocessing's private name; nothing public stops the server, and
+    tests/engine/test_lifecycle.py checks that a program's exit leaves no process."""
     from multiprocessing import forkserver
 
+    REGISTRY.kill_all()
     forkserver._forkserver._stop()
 
 

@@ -149,18 +149,24 @@ def test_processes_say_what_they_are():
     assert describe_process("python3", "python3 -m pytest") is None
 
 
-def test_a_program_that_used_an_engine_leaves_nothing_when_it_exits(tmp_path):
-    """The fork server the stages fork from, and every stage, end with the program that started them."""
+@pytest.mark.parametrize("closes", [True, False], ids=["closed", "left_open"])
+def test_a_program_that_used_an_engine_leaves_nothing_when_it_exits(tmp_path, closes):
+    """The fork server the stages fork from, and every stage, end with the program that started them, and
+    promptly, whether or not it closed its engine."""
 
     import psutil
 
     script = tmp_path / "use_engine.py"
+    use = ("    with TTSEngine(resolve('qwen3_tts', platform='cpu')) as e:\n        e.generate([SpeechRequest('One line.')])\n"
+           if closes else "    e = TTSEngine(resolve('qwen3_tts', platform='cpu'))\n    e.generate([SpeechRequest('One line.')])\n")
     script.write_text("from engine.profile.resolve import resolve\nfrom engine.runtime.engine import TTSEngine\n"
-                      "from engine.request import SpeechRequest\n\nif __name__ == '__main__':\n"
-                      "    with TTSEngine(resolve('qwen3_tts', platform='cpu')) as e:\n"
-                      "        e.generate([SpeechRequest('One line.')])\n")
+                      "from engine.request import SpeechRequest\n\nif __name__ == '__main__':\n" + use)
     proc = subprocess.Popen([sys.executable, str(script)], start_new_session=True, stderr=subprocess.PIPE, text=True)
-    _, err = proc.communicate(timeout=120)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
     assert proc.returncode == 0, err
 
     def left():   # the program led a session of its own: whatever is still in it, it left behind
