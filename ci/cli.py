@@ -88,8 +88,15 @@ def _version() -> str:
         return "(not installed)"
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with its usage errors in one line like every other user error (subcommands inherit it)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lanekeeper", description=__doc__.splitlines()[0])
+    parser = Parser(prog="lanekeeper", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("--root", metavar="DIR", help="the checkout to act on (default: the nearest one at or above "
                                                       "the working directory)")
@@ -122,9 +129,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+PASSES_TO_PYTEST = ("run", "repro")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    rest = argv[argv.index("--") + 1:] if "--" in argv else []   # `run LANE -- -x -k foo`: pytest's
+    args = parser.parse_args(argv[:len(argv) - len(rest) - 1] if "--" in argv else argv)
+    if "--" in argv and args.command not in PASSES_TO_PYTEST:
+        parser.error(f"only {' and '.join(PASSES_TO_PYTEST)} pass arguments after -- (to pytest); "
+                     f"{args.command} takes none")
+    args.pytest_args = rest
     if args.root:   # the environment carries it to the lane's pytest and the servers it starts
         os.environ[ROOT_ENV] = os.path.abspath(args.root)
     from ci.run import ci_api

@@ -26,9 +26,10 @@ def check_repo(repo: Path) -> None:
         raise GitError(f"repository not found: {repo}")
     if subprocess.run(["git", "rev-parse", "--git-dir"], cwd=repo, capture_output=True).returncode != 0:
         raise GitError(f"not a git repository: {repo}")
-    dirty = git(repo, "status", "--porcelain", "--untracked-files=no").strip()
+    dirty = [line[3:] for line in git(repo, "status", "--porcelain", "--untracked-files=no").splitlines() if line]
     if dirty:
-        raise GitError(f"the work tree of {repo} has uncommitted changes; commit or stash them first:\n{dirty}")
+        shown = ", ".join(dirty[:5]) + (f" and {len(dirty) - 5} more" if len(dirty) > 5 else "")
+        raise GitError(f"the work tree of {repo} has uncommitted changes ({shown}); commit or stash them first")
 
 
 def remote_ref(repo: Path, branch: str, remote: str | None) -> str | None:

@@ -3,11 +3,20 @@
 `Diagnosis`; the stall kinds have classes of their own so that callers can catch exactly them."""
 from __future__ import annotations
 
+import difflib
+
 from engine.diagnosis import WATCHDOG_KINDS, Diagnosis
 
 
 class UserError(Exception):
     """Bad input, said in words that name what and where."""
+
+
+def did_you_mean(word: str, choices) -> str:
+    """"; did you mean X?" for the nearest of `choices`, or "" when none is near: the suggestion every
+    "unknown ..." error carries."""
+    near = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {near[0]}?" if near else ""
 
 
 class EngineError(RuntimeError):

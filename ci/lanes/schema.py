@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from engine.profile.resolve import find_profile
-from engine.errors import UserError
+from engine.errors import UserError, did_you_mean
 from engine.profile.location import find_checkout
 from engine.profile.document import ProfileDoc, plain
 from engine.profile.errors import ProfileError, format_error
@@ -100,7 +100,7 @@ class Lane(BaseModel):
             args += ["-k", self.keyword]
         args += ["--timeout", f"{self.timeout:g}", "--session-timeout", f"{self.budget:g}",
                  "--junitxml", os.path.join(artifacts, "junit.xml"), "--lk-report-dir", artifacts,
-                 "-o", f"junit_suite_name={self.key}", "-p", "no:cacheprovider", "--lk-profile", self.profile]
+                 "-o", f"junit_suite_name={self.key}", "-o", "junit_family=xunit1", "-p", "no:cacheprovider", "--lk-profile", self.profile]
         if platform or self.platform:
             args += ["--lk-platform", platform or self.platform]
         if self.backend != "torch":
@@ -177,7 +177,7 @@ def load(path: str | os.PathLike | None = None) -> list[Lane]:
     try:
         lanes = LanesFile.model_validate(plain(doc.data)).lanes
     except ValidationError as e:
-        raise LaneError(format_error(e, doc.data, path)) from None
+        raise LaneError(format_error(e, doc.data, path, LanesFile)) from None
     for i, lane in enumerate(lanes):
         try:
             find_profile(lane.profile)
@@ -192,8 +192,9 @@ def find(name: str, lanes: list[Lane] | None = None) -> Lane:
     for lane in lanes:
         if name in (lane.key, lane.label):
             return lane
-    known = "; ".join(f"{l.key} ({l.label})" for l in lanes)
-    raise LaneError(f"unknown lane {name!r}; known lanes: {known}")
+    hint = did_you_mean(name, [l.key for l in lanes]) or did_you_mean(name, [l.label for l in lanes])
+    raise LaneError(f"unknown lane {name!r}{hint} (`lanekeeper lanes` lists them: "
+                    f"{', '.join(l.key for l in lanes)})")
 
 
 def shell(cmd: list[str]) -> str:

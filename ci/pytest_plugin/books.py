@@ -9,7 +9,8 @@ from ci.pytest_plugin.run import RUN, RunState, is_worker
 from ci.pytest_plugin.parametrize import task_of
 from ci.pytest_plugin.stalls import Incident, diagnosis_of, write_stall_report
 from ci.pytest_plugin.timeouts import budget, budget_exhausted
-from ci.run.report import Case, render, summarize
+from ci.run import record
+from ci.run.report import Case, render, run_notes, summarize
 
 
 class Books:
@@ -59,16 +60,20 @@ def case_of(report) -> Case:
                             diagnosis=diagnosis, task=task)
 
 
+def run_record(state: RunState) -> record.RunRecord:
+    config = state.config
+    shard = config.getoption("lk_shard")
+    suite = config.getini("junit_suite_name")
+    return record.RunRecord(run_id=state.run_id, lane=None if suite == "pytest" else suite,
+                            shard=f"{shard[0]}/{shard[1]}" if shard else None, budget_hit=state.budget_hit,
+                            budget=budget(config))
+
+
 def summary_markdown(state: RunState) -> str:
-    """The run's results, rendered as `lanekeeper report` renders the same run's JUnit file."""
-    notes = []
-    if state.stalled_cells:
-        notes.append(f"Stalled cells: {', '.join(sorted(state.stalled_cells))}")
-    if state.incidents and state.report_dir is not None:
-        notes.append(f"Stall report: {state.report_dir / 'stall-report.md'}")
-    if state.budget_hit:
-        notes.append(f"Lane budget of {budget(state.config) or 0:.0f}s exhausted: the run stopped early.")
-    return render(summarize(list(state.cases.values())), "markdown", notes)
+    """The run's results, rendered as `lanekeeper report` renders the same run's JUnit file and record."""
+    reports = [str(state.report_dir / "stall-report.md")] if state.incidents and state.report_dir is not None else []
+    summary = summarize(list(state.cases.values()), state.config.rootpath)
+    return render(summary, "markdown", run_notes([run_record(state)], reports))
 
 
 def only_skips(state: RunState) -> list[str] | None:
@@ -108,5 +113,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if state.report_dir is not None:
         state.report_dir.mkdir(parents=True, exist_ok=True)
         (state.report_dir / "matrix-summary.md").write_text(text)
+        record.write(state.report_dir, run_record(state))
         if state.incidents:
             terminalreporter.write_line(f"stall report: {state.report_dir / 'stall-report.md'}")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ci.matrix import CUDA_GRAPH, HANDOFFS, RUNNERS
+from ci.run.record import new_run_id
 from engine.process.stacks import STACK_DIR_ENV
 from engine.profile.schema import BACKENDS
 from engine.serve.argtypes import shard
@@ -30,6 +31,7 @@ class RunState:
         self.config = config
         self.started = time.time()
         self.budget_hit = False
+        self.run_id = new_run_id()   # shared by the shards of one build (`lanekeeper run` sets LANEKEEPER_RUN_ID)
         report_dir = config.getoption("lk_report_dir")
         self.report_dir = Path(report_dir) if report_dir else None
         self.stack_dir = Path(tempfile.mkdtemp(prefix="lanekeeper-stacks-"))

@@ -14,6 +14,7 @@ from ci.git import GitError, check_repo, git, remote_ref
 from ci.rollback.repo import REVIEW
 from ci.rollback.decision import Reason
 from ci.run.commands import api_deadline_arg, lanes_file
+from engine.errors import UserError, did_you_mean
 
 
 def _open_pr_for(slug: str):
@@ -43,19 +44,34 @@ def _builds(args):
     return history.from_github(args.github, args.workflow)
 
 
+def _keys(text: str | None, profile: str) -> list[str] | None:
+    """`--keys`, each a key the lane's profile resolves (a typo is a usage error, not a quiet "no action")."""
+    if not text:
+        return None
+    from engine.profile.resolve import resolve
+
+    keys = [k.strip() for k in text.split(",") if k.strip()]
+    known = resolve(profile, platform="cpu").flat()
+    for key in keys:
+        if key not in known:
+            raise UserError(f"--keys {key}: profile {profile} has no such key{did_you_mean(key, known)} "
+                            "(`lanekeeper profile show --explain` lists them)")
+    return keys
+
+
 def cmd_rollback(args) -> int:
     from ci.rollback import history
     from ci.rollback import rules as rollback
     from ci.rollback import branch as rollback_branch
 
     lane = lanes.find(args.lane, lanes.load(args.lanes_file))
+    keys = _keys(args.keys, lane.profile)
     repo = Path(args.repo).resolve()
     check_repo(repo)
     slug = args.github or os.environ.get("GITHUB_REPOSITORY")
     if args.open_pr and not slug:
         raise history.HistoryError("--open-pr needs --github OWNER/REPO or GITHUB_REPOSITORY")
     builds = _builds(args)
-    keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys else None
     audit = rollback_branch.Audit(repo, args.push)
     decision = rollback.decide(builds, lane, repo, args.min_red, audit, keys=keys, remote=args.push,
                                pr_for=_open_pr_for(slug) if args.open_pr else None)

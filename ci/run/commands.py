@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +11,7 @@ from pathlib import Path
 from ci.run import ci_api
 from ci.lanes import github as github_workflows
 from ci.run import junit
+from ci.run import record
 from ci.lanes import schema as lanes
 from ci.lanes import buildkite as pipelines
 from ci.run import report
@@ -32,11 +33,8 @@ def cmd_lanes(args) -> int:
 
 def cmd_run(args) -> int:
     lane = lanes.find(args.lane, lanes.load(args.lanes_file))
-    artifacts = args.artifacts or f"artifacts/{lane.key}"
     shard = args.shard or lane.shard_from_env()
-    if shard is not None:   # each shard's JUnit and reports apart; `report --junit artifacts/KEY` merges them
-        artifacts = os.path.join(artifacts, lanes.shard_dir(shard))
-    return run_lane.run(lane, artifacts, args.platform, args.dry_run, shard=shard)
+    return run_lane.run(lane, args.artifacts, args.platform, args.dry_run, shard=shard, extra=args.pytest_args)
 
 
 def cmd_pipeline(args) -> int:
@@ -63,6 +61,14 @@ def cmd_pipeline(args) -> int:
     if args.labels is not None:
         overrides["labels"] = frozenset(l.strip() for l in args.labels.split(",") if l.strip())
     build = dataclasses.replace(build, **overrides)
+    if kind == "buildkite" and not build.from_ci and args.event is None and build.on_main \
+            and any(l.trigger == "merge_only" for l in all_lanes):
+        raise lanes.LaneError("without Buildkite variables the event is a guess (push to main), and a push to "
+                              "main gets `rollback --apply --push` steps; pass --event (push, pull_request, "
+                              "schedule or manual) to say what this build is")
+    ci_name = "Buildkite" if kind == "buildkite" else "GitHub Actions"
+    print(f"lanekeeper: {kind} for {build.describe()}" + ("" if build.from_ci else
+          f" (no {ci_name} variables here: assumed where not given)"), file=sys.stderr)
     if kind == "buildkite":
         sys.stdout.write(pipelines.dump(pipelines.buildkite(all_lanes, build), "buildkite"))
     else:
@@ -86,20 +92,35 @@ def junit_files(paths: list[str]) -> list[str]:
 
 def cmd_report(args) -> int:
     files = junit_files(args.junit)
+    records = {path: record.read(path) for path in files}
+    record.check_one_run(records)
     cases = [c for path in files for c in junit.parse(path)]
-    summary = report.summarize(cases)
+    summary = report.summarize(cases, find_checkout() or Path.cwd())
     stall_reports = [Path(p).parent / "stall-report.md" for p in files if (Path(p).parent / "stall-report.md").exists()]
+    text = None
     if args.annotate:   # Buildkite serves uploaded artifacts at artifact:// links inside annotations
-        notes = [f"[stall report: {r.parent.name}](artifact://{r})" for r in stall_reports]
-        text = report.render(summary, "markdown", notes)
-        run = subprocess.run(["buildkite-agent", "annotate", "--style", report.annotation_style(summary),
-                              "--context", "lanekeeper-matrix"], input=text, text=True)
-        if run.returncode != 0:
-            raise junit.JunitError(f"buildkite-agent annotate failed with status {run.returncode}")
-        sys.stdout.write(text)
-        return 0
-    sys.stdout.write(report.render(summary, args.format, [f"Stall report: {r}" for r in stall_reports]))
-    return 0
+        text = report.render(summary, "markdown", report.run_notes(
+            list(records.values()), [f"[stall report: {r.parent.name}](artifact://{r})" for r in stall_reports]))
+        skipped = annotate(text, report.annotation_style(summary))
+        if skipped:
+            print(f"lanekeeper: annotation skipped: {skipped}; the report follows", file=sys.stderr)
+            text = None
+    if text is None:
+        text = report.render(summary, args.format, report.run_notes(list(records.values()), list(map(str, stall_reports))))
+    sys.stdout.write(text)
+    return 1 if report.red(summary) and not args.exit_zero else 0
+
+
+def annotate(text: str, style: str) -> str | None:
+    """Annotate the Buildkite build; why it could not, or None."""
+    agent = shutil.which("buildkite-agent")
+    if agent is None:
+        return "buildkite-agent is not on the PATH (not a Buildkite job)"
+    run = subprocess.run([agent, "annotate", "--style", style, "--context", "lanekeeper-matrix"], input=text,
+                         text=True, capture_output=True)
+    if run.returncode != 0:
+        return f"buildkite-agent annotate exited {run.returncode}: {(run.stderr.strip().splitlines() or [''])[-1]}"
+    return None
 
 
 def _fetch(args) -> dict[str, bytes | None]:
@@ -135,8 +156,8 @@ def cmd_repro(args) -> int:
     base = lane or lanes.Lane(key="repro", label="repro", trigger="per_commit", paths=["tests"],
                               timeout=300, budget=3600)
     adhoc = base.model_copy(update={"paths": ids, "markers": None, "keyword": None})
-    artifacts = args.artifacts or "artifacts/repro"
-    return run_lane.run(adhoc, artifacts, args.platform, args.dry_run)
+    adhoc = adhoc.model_copy(update={"key": "repro"})   # its own artifacts/repro, not the lane's
+    return run_lane.run(adhoc, args.artifacts, args.platform, args.dry_run, extra=args.pytest_args)
 
 
 def api_deadline_arg(p) -> None:
@@ -150,15 +171,23 @@ def lanes_file(p) -> None:
 
 
 def add_parsers(sub) -> None:
+    _lanes_and_run_parsers(sub)
+    _pipeline_parser(sub)
+    _report_parsers(sub)
+
+
+def _lanes_and_run_parsers(sub) -> None:
     p = sub.add_parser("lanes", help="list the CI lanes")
     p.add_argument("--json", action="store_true", help="print every lane's settings as JSON")
     lanes_file(p)
     p.set_defaults(func=cmd_lanes)
 
-    p = sub.add_parser("run", help="run a lane locally exactly as CI does")
+    p = sub.add_parser("run", help="run a lane locally exactly as CI does",
+                       epilog="lanekeeper run LANE [options] -- PYTEST_ARGS passes the rest to pytest (-x, -k EXPR)")
     p.add_argument("lane", help="lane key or label")
     p.add_argument("--platform", choices=("cpu", "cuda"), help="platform to resolve profiles for (default: the lane's)")
-    p.add_argument("--artifacts", help="directory for JUnit XML and reports (default: artifacts/KEY)")
+    p.add_argument("--artifacts", help="directory for JUnit XML and reports, emptied of an earlier run's files "
+                                       "first (default: the checkout's artifacts/KEY)")
     p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     p.add_argument("--shard", type=shard, metavar="K/N",
                    help="run only shard K of N (default: on Buildkite, this parallel job's shard of a lane with "
@@ -166,6 +195,9 @@ def add_parsers(sub) -> None:
     lanes_file(p)
     p.set_defaults(func=cmd_run)
 
+
+
+def _pipeline_parser(sub) -> None:
     p = sub.add_parser("pipeline", help="print a generated CI pipeline, or this build's lanes")
     p.add_argument("kind", choices=("buildkite-bootstrap", "buildkite", "github", "github-lanes"),
                    help="buildkite-bootstrap: the committed Buildkite pipeline; buildkite: the steps this build "
@@ -184,14 +216,20 @@ def add_parsers(sub) -> None:
     lanes_file(p)
     p.set_defaults(func=cmd_pipeline)
 
+
+
+def _report_parsers(sub) -> None:
     p = sub.add_parser("report", help="matrix table from JUnit files")
     p.add_argument("--junit", nargs="+", required=True, help="JUnit XML files of one or more lane runs; a directory means every junit.xml under it (all shards of a lane)")
     p.add_argument("--format", choices=("markdown", "json"), default="markdown", help="default: %(default)s")
     p.add_argument("--annotate", action="store_true",
-                   help="also annotate the Buildkite build (style error when red, success when green)")
+                   help="also annotate the Buildkite build (style error when red, success when green); without "
+                        "buildkite-agent it only prints, and says so")
+    p.add_argument("--exit-zero", action="store_true", help="exit 0 even when the run was red (default: exit 1)")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("repro", help="re-run the failed tests of a CI run")
+    p = sub.add_parser("repro", help="re-run the failed tests of a CI run",
+                       epilog="lanekeeper repro ... -- PYTEST_ARGS passes the rest to pytest")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--junit", help="JUnit XML file of the run; a directory means every junit.xml under it")
     src.add_argument("--buildkite", metavar="BUILD_URL", help="a Buildkite build: its JUnit artifacts")
@@ -202,7 +240,8 @@ def add_parsers(sub) -> None:
                         "KEY-shard-K-of-N, or shard-K-of-N/junit.xml under a --junit directory")
     p.add_argument("--lane", help="lane whose env and timeouts to use (default: the JUnit suite's lane)")
     p.add_argument("--platform", choices=("cpu", "cuda"), help="platform to resolve profiles for (default: the lane's)")
-    p.add_argument("--artifacts", help="directory for the re-run's JUnit XML and reports (default: artifacts/repro)")
+    p.add_argument("--artifacts", help="directory for the re-run's JUnit XML and reports (default: the checkout's "
+                                       "artifacts/repro)")
     p.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     api_deadline_arg(p)
     lanes_file(p)

@@ -11,22 +11,33 @@ import signal
 import subprocess
 from pathlib import Path
 
-from ci.lanes.schema import Lane, shell
+from ci.lanes.schema import Lane, shard_dir, shell
+from ci.run import record
 from engine.profile.location import require_checkout
 from engine.process.tree import kill_tree
 
 
-def run(lane: Lane, artifacts: str, platform: str | None = None, dry_run: bool = False,
-        shard: tuple[int, int] | None = None) -> int:
+def run(lane: Lane, artifacts: str | None, platform: str | None = None, dry_run: bool = False,
+        shard: tuple[int, int] | None = None, extra: list[str] = ()) -> int:
+    """Run the lane's pytest in the checkout, into `artifacts` (default: the checkout's artifacts/KEY,
+    with a shard's own directory below it), emptied of an earlier run's files first."""
     root = require_checkout("lanekeeper run")
-    cmd = lane.command(artifacts, platform, shard)
+    directory = Path(artifacts).resolve() if artifacts else root / "artifacts" / lane.key
+    if shard is not None:   # each shard's JUnit and reports apart; `report --junit artifacts/KEY` merges them
+        directory = directory / shard_dir(shard)
+    cmd = lane.command(str(directory), platform, shard) + list(extra)
     env_text = " ".join(f"{k}={v}" for k, v in sorted(lane.env.items()))
     if dry_run:
         print(f"# in {root}\n{env_text + ' ' if env_text else ''}{shell(cmd)}")
         return 0
-    Path(artifacts).mkdir(parents=True, exist_ok=True)
-    print(f"lanekeeper: running lane {lane.key} ({lane.label}) in {root}\n  {shell(cmd)}", flush=True)
-    proc = subprocess.Popen(cmd, cwd=root, env={**os.environ, **lane.env}, start_new_session=True)
+    cleared = record.clean(directory, whole=shard is None)
+    directory.mkdir(parents=True, exist_ok=True)
+    run_id = record.new_run_id()
+    print(f"lanekeeper: running lane {lane.key} ({lane.label}) in {root}, run {run_id}, into {directory}"
+          + (f" (cleared {len(cleared)} file(s) of an earlier run)" if cleared else "")
+          + f"\n  {shell(cmd)}", flush=True)
+    proc = subprocess.Popen(cmd, cwd=root, env={**os.environ, **lane.env, record.RUN_ID_ENV: run_id},
+                            start_new_session=True)
 
     def forward(signum, _frame):
         try:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ci.matrix import Cell, cell_in
+from ci.run.record import RunRecord
 from engine.diagnosis import Diagnosis
 
 
@@ -60,8 +61,10 @@ def _first_line(message: str) -> str:
     return next((l.strip() for l in message.splitlines() if l.strip()), "")[:200]
 
 
-def summarize(cases: list[Case]) -> dict:
-    """Totals, the matrix rows (cell x task, with skip reasons and diagnoses), and every failed test."""
+def summarize(cases: list[Case], root: Path | None = None) -> dict:
+    """Totals, the matrix rows (cell x task, with skip reasons and diagnoses), the cells that stalled, and
+    every failed test by its pytest node id (module paths resolved against `root`, the run's rootdir)."""
+    root = root or Path.cwd()
     totals = {"passed": 0, "failed": 0, "stalled": 0, "skipped": 0}
     rows: dict[tuple, dict] = defaultdict(lambda: {"passed": 0, "failed": 0, "stalled": 0, "skipped": 0, "why": []})
     failures = []
@@ -74,7 +77,7 @@ def summarize(cases: list[Case]) -> dict:
             f"skipped: {_first_line(case.message)}" if kind == "skipped" else \
             _first_line(case.message) if kind == "failed" else None
         if kind in ("failed", "stalled"):
-            failure = {"test": case.test, "status": kind, "why": why or case.status}
+            failure = {"test": case.nodeid(root), "status": kind, "why": why or case.status}
             if case.diagnosis is not None:
                 failure["diagnosis"] = case.diagnosis.public()
             failures.append(failure)
@@ -85,13 +88,14 @@ def summarize(cases: list[Case]) -> dict:
         row[kind] += 1
         if why and why not in row["why"]:
             row["why"].append(why)
+    stalled_cells = sorted({cell for (_, cell, _), row in rows.items() if row["stalled"]})
     out = []
     for (mode, cell, task), row in sorted(rows.items()):
         c = Cell.from_id(cell)
         out.append({"mode": mode, "cell": cell, "backend": c.backend, "runner": c.runner,
                     "cuda_graph": "cuda_graph" if c.cuda_graph == "on" else "no_cuda_graph", "handoff": c.handoff,
                     "task": task, **row})
-    return {"totals": totals, "rows": out, "failures": failures}
+    return {"totals": totals, "stalled_cells": stalled_cells, "rows": out, "failures": failures}
 
 
 def red(summary: dict) -> bool:
@@ -107,12 +111,23 @@ def annotation_style(summary: dict) -> str:
     return "success" if summary["totals"]["passed"] else "info"
 
 
+def run_notes(records: list[RunRecord | None], stall_reports: list[str]) -> list[str]:
+    """The lines under the table about the runs themselves: a budget that cut a run short, where the
+    stall reports are."""
+    notes = [f"Lane budget of {r.budget or 0:.0f}s exhausted{f' ({r.lane})' if r.lane else ''}: "
+             "the run stopped early." for r in records if r is not None and r.budget_hit]
+    return notes + [f"Stall report: {path}" for path in stall_reports]
+
+
 def render(summary: dict, fmt: str = "markdown", notes: list[str] = ()) -> str:
+    """The one rendering of a run's results: the pytest plugin's summary and `lanekeeper report`."""
     if fmt == "json":
         return json.dumps({**summary, "notes": list(notes)}, indent=2)
     t = summary["totals"]
     lines = [f"**{'red' if red(summary) else 'green'}**: {t['passed']} passed, {t['failed']} failed, "
              f"{t['stalled']} stalled, {t['skipped']} skipped"]
+    if summary["stalled_cells"]:
+        lines.append(f"Stalled cells: {', '.join(summary['stalled_cells'])}")
     if summary["rows"]:
         lines += ["", "| mode | backend | runner | graph | handoff | task | passed | failed | stalled | skipped | why |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

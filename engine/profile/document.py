@@ -171,7 +171,7 @@ class ProfileDoc:
         try:
             return model.model_validate(plain(self.data))
         except ValidationError as e:
-            key, line, msg = explain_error(e, self.data)
+            key, line, msg = explain_error(e, self.data, model)
             raise ProfileError(msg, path=self.path, key=key, line=line) from None
 
     def flat(self) -> dict[str, Leaf]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import types
+import typing
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
-from engine.errors import UserError
+from engine.errors import UserError, did_you_mean
 
 
 class ProfileError(UserError):
@@ -63,19 +65,73 @@ def locate(data: Any, loc: tuple) -> tuple[str, int | None]:
     return ".".join(key) or "<top>", line
 
 
-def explain_error(e: ValidationError, data: Any) -> tuple[str, int | None, str]:
-    """(key, line, message) for the first error of a validation, in the words of the document."""
+def _unwrap(tp):
+    """The type an annotation stands for: Annotated and Optional stripped."""
+    while True:
+        origin = typing.get_origin(tp)
+        if origin is typing.Annotated:
+            tp = typing.get_args(tp)[0]
+        elif origin in (typing.Union, types.UnionType):
+            members = [a for a in typing.get_args(tp) if a is not type(None)]
+            if len(members) != 1:
+                return tp
+            tp = members[0]
+        else:
+            return tp
+
+
+def _step(tp, part):
+    """The type found at `part` inside `tp` (a field, a list item, a dict value, a union member by its tag)."""
+    tp = _unwrap(tp)
+    origin = typing.get_origin(tp)
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        field = tp.model_fields.get(part) if isinstance(part, str) else None
+        return field.annotation if field else None
+    if origin is list:
+        return typing.get_args(tp)[0]
+    if origin is dict:
+        return typing.get_args(tp)[1]
+    if origin in (typing.Union, types.UnionType):
+        for member in typing.get_args(tp):
+            if isinstance(member, type) and issubclass(member, BaseModel) and any(
+                    part in typing.get_args(f.annotation) for f in member.model_fields.values()
+                    if typing.get_origin(f.annotation) is typing.Literal):
+                return member
+    return None
+
+
+def keys_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The keys the schema allows where `loc` (a pydantic error location) puts an unknown one."""
+    tp = model
+    for part in loc[:-1]:
+        tp = _step(tp, part)
+        if tp is None:
+            return []
+    tp = _unwrap(tp)
+    return list(tp.model_fields) if isinstance(tp, type) and issubclass(tp, BaseModel) else []
+
+
+def unknown_key(key: str, allowed: list[str], where: str) -> str:
+    """"unknown key", with the nearest allowed key and every key allowed there."""
+    return f"unknown key{did_you_mean(key, allowed)} ({where or 'the top level'} takes: {', '.join(allowed)})" if allowed \
+        else "unknown key"
+
+
+def explain_error(e: ValidationError, data: Any, model: type[BaseModel] | None = None) -> tuple[str, int | None, str]:
+    """(key, line, message) for the first error of a validation, in the words of the document; an unknown
+    key is told with the nearest key `model` allows there, and all of them."""
     err = e.errors()[0]
     key, line = locate(data, tuple(err["loc"]))
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
-        msg = "unknown key"
+        parent = key.rpartition(".")[0]
+        msg = unknown_key(str(err["loc"][-1]), keys_at(model, tuple(err["loc"])) if model else [], parent)
     elif err["type"] != "missing" and "input" in err and not isinstance(err["input"], (dict, list)):
         msg = f"{msg} (got {err['input']!r})"
     return key, line, msg
 
 
-def format_error(e: ValidationError, data: Any, path: str | os.PathLike) -> str:
+def format_error(e: ValidationError, data: Any, path: str | os.PathLike, model: type[BaseModel] | None = None) -> str:
     """`file:line: key: message`, the one shape every schema error takes here."""
-    key, line, msg = explain_error(e, data)
+    key, line, msg = explain_error(e, data, model)
     return f"{path}{f':{line}' if line else ''}: {key}: {msg}"

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
+from engine.errors import did_you_mean
 from engine.profile.document import ProfileDoc, flatten, unflatten
 from engine.profile.axes import cell_id
 from engine.profile.errors import ProfileError, explain_error
@@ -38,8 +39,9 @@ def find_profile(name_or_path: str | os.PathLike) -> Path:
     else:
         path = directory / f"{text}.yaml"
     if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in directory.glob("*.yaml") if p.stem != "pins"))
-        raise ProfileError(f"no such profile file (known profiles: {known})", path=path)
+        known = sorted(p.stem for p in directory.glob("*.yaml") if p.stem != "pins")
+        raise ProfileError(f"no such profile file{did_you_mean(text, known)} (known profiles in {directory}: "
+                           f"{', '.join(known)})", path=path)
     return path
 
 
@@ -186,7 +188,7 @@ def resolve(name_or_path: str | os.PathLike, platform: str | None = None,
     try:
         config = Settings.model_validate(tree)
     except ValidationError as e:
-        dotted, _, msg = explain_error(e, tree)
+        dotted, _, msg = explain_error(e, tree, Settings)
         near = [p for p in flat if p == dotted or dotted.startswith(p + ".") or p.startswith(dotted + ".")]
         source = flat[max(near, key=lambda p: (p == dotted, len(p)))][1] if near else ""
         raise ProfileError(f"{msg} (from {source or 'merged profile'})", path=path, key=dotted) from None

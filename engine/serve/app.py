@@ -17,7 +17,6 @@ import asyncio
 import base64
 import json
 import logging
-import os
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -30,16 +29,12 @@ from engine.runtime.engine import TTSEngine
 from engine.errors import EngineError
 from engine.serve.metrics import Call, Metrics
 from engine.models.presets import SAMPLES_PER_FRAME
-from engine.request import RequestError, SpeechRequest
+from engine.request import SpeechRequest
 from engine.stage.stats import Code2WavStats
 from engine.serve.speech_body import MODEL_ID, ReferenceLoader, SpeechBody, parse_body, read_body, to_request
 from engine.runtime.supervisor import RestartPolicy, Supervisor
 
 log = logging.getLogger("lanekeeper.server")
-
-EXIT_STARTUP_FAILED = 3             # as uvicorn: the engine never started
-EXIT_GAVE_UP = 4                    # the engine kept failing past the restart limit
-
 
 class Service:
     """What the routes share: the supervised engine, the metrics, where reference audio may come from."""
@@ -112,7 +107,7 @@ class Service:
         try:
             body = parse_body(await read_body(request))
             audio = await self.start(to_request(body, self.model_id, self.refs), call)
-            if not body.stream:
+            if not body.streams:
                 parts = [a async for a in audio]
                 call.end("success")
                 return Response(encode(np.concatenate(parts) if parts else np.zeros(0, np.float32),
@@ -204,14 +199,24 @@ def _event(data: dict) -> str:
     return f"data: {json.dumps(data)}\n\n"
 
 
+def _raise(error: Exception):
+    raise error
+
+
 def create_app(engine_factory, allowed_local_media_path: str | None = None, model_id: str = MODEL_ID,
-               policy: RestartPolicy = RestartPolicy(), on_give_up=lambda reason: None) -> FastAPI:
+               policy: RestartPolicy = RestartPolicy(), on_give_up=lambda reason: None,
+               on_start_failed=_raise) -> FastAPI:
     """`engine_factory()` builds an engine at start-up and after each restart; the app closes it at shutdown.
-    `on_give_up(reason)` is called once the engine failed past the restart limit."""
+    `on_give_up(reason)` is called once the engine failed past the restart limit; `on_start_failed(error)`
+    when the first engine never started (by default the error fails the app's start-up)."""
     svc = Service(engine_factory, allowed_local_media_path, model_id, policy, on_give_up)
 
     async def lifespan(app):
-        await asyncio.get_running_loop().run_in_executor(None, svc.sup.start_engine)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, svc.sup.start_engine)
+        except Exception as e:
+            on_start_failed(e)
+            svc.shutting_down = True   # nothing is served while the server exits
         try:
             yield
         finally:
@@ -225,28 +230,3 @@ def create_app(engine_factory, allowed_local_media_path: str | None = None, mode
     app.get("/metrics")(svc.prometheus)
     app.post("/v1/audio/speech")(svc.speech)
     return app
-
-
-def serve(profile, host: str = "127.0.0.1", port: int = 8000, allowed_local_media_path: str | None = None,
-          graceful_timeout: float = 30.0, policy: RestartPolicy = RestartPolicy(), cpu_fallback: bool = False) -> int:
-    """Serve until SIGTERM/SIGINT (0), or until the engine failed past the restart limit (EXIT_GAVE_UP)."""
-    import uvicorn
-
-    if allowed_local_media_path and not os.path.isdir(allowed_local_media_path):
-        raise RequestError(f"--allowed-local-media-path {allowed_local_media_path}: not a directory",
-                           "allowed_local_media_path")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    outcome = {"code": 0}
-    server: uvicorn.Server | None = None
-
-    def give_up(reason: str) -> None:
-        outcome["code"] = EXIT_GAVE_UP
-        server.should_exit = True   # uvicorn's own shutdown: in-flight requests end, the lifespan closes
-
-    app = create_app(lambda: TTSEngine(profile, cpu_fallback=cpu_fallback), allowed_local_media_path, policy=policy, on_give_up=give_up)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info",
-                                           timeout_graceful_shutdown=graceful_timeout))
-    server.run()
-    if not server.started:
-        return EXIT_STARTUP_FAILED
-    return outcome["code"]

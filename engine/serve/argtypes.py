@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def whole_number(minimum: int):
@@ -43,3 +44,28 @@ def shard(text: str) -> tuple[int, int]:
     if not sep or not 1 <= k <= n:
         raise argparse.ArgumentTypeError(f"expected K/N with 1 <= K <= N (shard K of N), got {text!r}")
     return k, n
+
+
+def output_file(*suffixes: str):
+    """A file to write, refused at once (before any work) when its format is not one of `suffixes` or
+    it cannot be written where it points."""
+    def parse(text: str) -> str:
+        path = Path(text)
+        if path.suffix.lower() not in suffixes:
+            raise argparse.ArgumentTypeError(f"{text}: cannot write {path.suffix or 'a file without an extension'}"
+                                             f"; name a {' or '.join(suffixes)} file")
+        parent = path.parent
+        if path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text}: is a directory; name a file in it")
+        if not parent.is_dir():
+            raise argparse.ArgumentTypeError(f"{text}: directory {parent} does not exist; create it first")
+        existed = path.exists()
+        try:   # the one true test (permissions, read-only or pseudo file systems, root or not)
+            with open(path, "ab"):
+                pass
+        except OSError as e:
+            raise argparse.ArgumentTypeError(f"{text}: cannot be written ({e.strerror})") from None
+        if not existed:
+            path.unlink()
+        return text
+    return parse

@@ -40,7 +40,7 @@ def cmd_serve(args) -> int:
     from engine.process.tree import SERVER_TITLE, name_process
     from engine.profile.resolve import resolve
     from engine.runtime.supervisor import RestartPolicy
-    from engine.serve.app import serve
+    from engine.serve.server import serve
 
     name_process(SERVER_TITLE)   # how stack dumps and leak checks know it
     dump_stacks_on_signal()
@@ -78,7 +78,7 @@ def run_command(args) -> int:
         return args.func(args)
     except UserError as e:
         print(f"lanekeeper: error: {e}", file=sys.stderr)
-        return 2
+        return getattr(e, "exit_code", 2)
     except EngineError as e:
         print(f"lanekeeper: engine failed: {e}", file=sys.stderr)
         return 1

@@ -46,6 +46,12 @@ class SpeechBody(BaseModel):
     seed: int = Field(0, ge=0, le=MAX_SEED)
     temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE)
 
+    @property
+    def streams(self) -> bool:
+        """Streamed: `stream: true`, or `stream_format: "sse"` alone, which is what the OpenAI API (and
+        its official client's `stream_format="sse"`) sends for a stream of events."""
+        return self.stream or self.stream_format == "sse"
+
 
 def parse_body(raw: bytes) -> "SpeechBody":
     """The request body as a SpeechBody, or a 400 that says what is wrong with it and where."""
@@ -146,7 +152,7 @@ def to_request(body: SpeechBody, model_id: str, refs: ReferenceLoader) -> Speech
                        "response_format", "unsupported_format")
     if body.speed != 1.0:
         raise APIError(400, "speed other than 1.0 is not supported", "speed", "unsupported_speed")
-    if body.stream and body.response_format not in STREAMABLE:
+    if body.streams and body.response_format not in STREAMABLE:
         raise APIError(400, f"streaming needs response_format pcm or wav, not {body.response_format}",
                        "response_format", "format_not_streamable")
     if len(body.input) > MAX_INPUT_CHARS:

@@ -11,6 +11,7 @@ from engine.profile.axes import axis_overrides
 from engine.profile.resolve import resolve
 from engine.errors import UserError
 from engine.request import SpeechRequest
+from engine.serve.argtypes import output_file
 
 
 def read_audio(path: str) -> tuple[np.ndarray, int]:
@@ -59,7 +60,8 @@ def cmd_synth(args) -> int:
 def add_parser(sub, profile_args) -> None:
     p = sub.add_parser("synth", help="synthesize one utterance to a WAV file")
     p.add_argument("text", help="what to say")
-    p.add_argument("-o", "--output", required=True, help="output WAV path")
+    p.add_argument("-o", "--output", required=True, type=output_file(".wav", ".flac"),
+                   help="output audio file, .wav or .flac (checked before the engine starts)")
     profile_args(p)
     p.add_argument("--runner", choices=("v1", "v2"), help="model runner (default: the profile's)")
     p.add_argument("--cuda-graph", choices=("on", "off"), help="CUDA graphs on or off (default: the profile's)")

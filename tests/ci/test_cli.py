@@ -35,7 +35,7 @@ def test_version(capsys):
 
 def test_a_reader_that_goes_away_gets_no_traceback():
     """`lanekeeper pipeline buildkite | head -1`: the reader closes before the write; no traceback."""
-    cmd = [sys.executable, "-m", "ci.cli", "pipeline", "buildkite"]
+    cmd = [sys.executable, "-m", "ci.cli", "pipeline", "buildkite", "--event", "push"]
     for _ in range(3):
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         proc.stdout.close()            # the reader is gone before anything is written

@@ -19,12 +19,18 @@ def _speech(client, fmt, **extra):
 
 
 def _stream(client, fmt, stream_format="audio", **extra):
-    with client.audio.speech.with_streaming_response.create(
-            model="qwen3-tts", input=TEXT, voice="ryan", response_format=fmt,
-            extra_body={"seed": 3, "stream": True, "stream_format": stream_format, **extra}) as resp:
-        assert resp.status_code == 200
-        if stream_format == "audio":
+    """A raw audio stream (`stream: true`), or SSE events as the official client asks for them: its own
+    `stream_format="sse"` parameter, and nothing else."""
+    if stream_format == "audio":
+        with client.audio.speech.with_streaming_response.create(
+                model="qwen3-tts", input=TEXT, voice="ryan", response_format=fmt,
+                extra_body={"seed": 3, "stream": True, **extra}) as resp:
+            assert resp.status_code == 200
             return b"".join(resp.iter_bytes())
+    with client.audio.speech.with_streaming_response.create(
+            model="qwen3-tts", input=TEXT, voice="ryan", response_format=fmt, stream_format="sse",
+            extra_body={"seed": 3, **extra}) as resp:
+        assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
         events = [json.loads(line[len("data: "):]) for line in resp.iter_lines() if line.startswith("data: ")]
     assert [e["type"] for e in events][-1] == "speech.audio.done"
     assert all(e["type"] == "speech.audio.delta" for e in events[:-1])

@@ -126,7 +126,7 @@ def test_killed_stage_fails_in_flight_requests_then_the_engine_restarts(platform
         def sse():
             with client.audio.speech.with_streaming_response.create(
                     model="qwen3-tts", input=LONG * 6, voice="vivian", response_format="pcm",
-                    extra_body={"stream": True, "stream_format": "sse"}) as resp:
+                    stream_format="sse") as resp:
                 for line in resp.iter_lines():
                     if line.startswith("data:"):
                         results["sse"] = line
