@@ -12,34 +12,39 @@ Markdown table.  Stopped early (^C, SIGTERM), it stops the lanes it started and 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from ci.run import junit
 from ci.lanes import schema as lanes
 from ci.run import report
+from ci.run.record import RUN_ID_ENV
 from engine.process.tree import kill_tree
 from engine.profile.document import ProfileDoc
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def lanekeeper(*args: str) -> subprocess.Popen:
+def lanekeeper(*args: str, run_id: str) -> subprocess.Popen:
+    """One `lanekeeper run`; the runs of one way share a run id, as the shards of one CI build do."""
     return subprocess.Popen([sys.executable, "-m", "ci.cli", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.DEVNULL, env={**os.environ, RUN_ID_ENV: run_id})
 
 
 def timed(runs: list[list[str]], out: Path) -> tuple[float, dict]:
     """Start every run at once, wait for all; wall time and the merged totals of their JUnit files."""
     t0 = time.monotonic()
     procs = []
+    run_id = f"lane-scaling-{uuid.uuid4().hex[:12]}"
     try:
         for args in runs:   # one at a time: a stop between two starts still ends the first
-            procs.append(lanekeeper(*args))
+            procs.append(lanekeeper(*args, run_id=run_id))
         for p in procs:
             p.wait()
     finally:   # stopped early: each lane passes SIGTERM to its pytest, which ends its engines and reports
@@ -62,6 +67,7 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--lanes-file", type=Path, default=None, help="default: the checkout's ci/lanes.yaml")
+    ap.add_argument("--json", help="also merge the wall times into this timings file (benchmarks/results/cpu.json)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))   # unwinds: the lanes stop too
     args.lanes_file = args.lanes_file or lanes.default_lanes_file()
@@ -101,6 +107,14 @@ def main() -> int:
     if len({t["tests"] for _, _, t in rows}) != 1:
         print("the three ways ran different numbers of tests")
         return 1
+    if args.json:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        import results
+
+        results.record_timings(args.json, [
+            {"what": f"lane {lane.key} ({t['tests']} tests), {name}", "seconds": round(wall),
+             "command": f"python benchmarks/lane_scaling.py {lane.key} --workers {args.workers} --shards {args.shards}"}
+            for name, wall, t in rows])
     return 0
 
 

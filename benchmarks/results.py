@@ -1,4 +1,5 @@
-"""One results file for the engine benchmarks (`--json PATH`).
+"""The benchmark results files: one for the engine benchmarks on a GPU (`--json PATH`), and one for the
+wall times on the CPU machine (`cpu_timing.py`, `lane_scaling.py --json`).
 
 The offline and online scripts each write their own rows into the same file: a row is
 keyed by mode, runner, graph mode and concurrency, a new run replaces the rows it
@@ -74,7 +75,63 @@ def table(doc: dict) -> str:
     return "\n".join(lines)
 
 
+TIMING_FIELDS = ("what", "command", "seconds")
+
+
+def load(path: str) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def record_timings(path: str, rows: list[dict]) -> None:
+    """Merge wall-time rows (keyed by `what`) into the CPU timings file; the header names this machine,
+    the commit and the time, and a file of another machine starts over."""
+    for row in rows:
+        missing = [f for f in TIMING_FIELDS if f not in row]
+        if missing:
+            raise ValueError(f"timing row lacks {', '.join(missing)}: {row}")
+    file = Path(path)
+    doc = load(path) if file.exists() else {"rows": []}
+    machine = device_name("cpu")
+    if doc.get("machine") not in (None, machine):
+        doc = {"rows": []}
+    new = {r["what"]: r for r in rows}
+    merged = [r for r in doc["rows"] if r["what"] not in new] + list(new.values())
+    doc = {"machine": machine, "commit": commit(),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "rows": merged}
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def timing_table(doc: dict) -> str:
+    """The CPU wall times as the README shows them."""
+    lines = [f"{doc['machine']}, commit {doc['commit'][:12]}, {doc['date']}", "",
+             "| what | seconds | command |", "| --- | --- | --- |"]
+    for r in doc["rows"]:
+        lines.append(f"| {r['what']} | {r['seconds']:g} | `{r['command']}` |")
+    return "\n".join(lines)
+
+
+README_MARKS = ("<!-- timings -->\n", "<!-- /timings -->")
+
+
+def readme_timings(readme: str) -> str:
+    """What stands between the README's timing marks."""
+    start = readme.index(README_MARKS[0]) + len(README_MARKS[0])
+    return readme[start:readme.index(README_MARKS[1])]
+
+
+def with_timings(readme: str, doc: dict) -> str:
+    old = readme_timings(readme)
+    start = readme.index(README_MARKS[0]) + len(README_MARKS[0])
+    return readme[:start] + timing_table(doc) + "\n" + readme[start + len(old):]
+
+
 if __name__ == "__main__":
     import sys
 
-    print(table(json.loads(Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/h200.json").read_text())))
+    args = [a for a in sys.argv[1:] if a != "--readme"]
+    doc = load(args[0] if args else "benchmarks/results/h200.json")
+    if "--readme" in sys.argv:   # the timings table into README.md, between its marks
+        readme = Path(__file__).resolve().parents[1] / "README.md"
+        readme.write_text(with_timings(readme.read_text(), doc))
+    print(table(doc) if "gpu" in doc else timing_table(doc))

@@ -12,7 +12,7 @@ import os
 import sys
 
 from engine.profile.resolve import check_file, dump_yaml, resolve
-from engine.errors import UserError
+from engine.errors import UserError, did_you_mean
 from engine.profile.location import ROOT_ENV, profile_source
 from engine.serve.commands import add_parsers as add_engine_parsers, profile_args, run_command
 
@@ -70,10 +70,11 @@ def cmd_profile_pin(args) -> int:
             return 1
         print(f"ok  {args.profiles_dir}/{pins.PINS_FILE} matches every profile on every platform")
         return 0
-    unknown = sorted(set(args.names) - set(pins.profile_names(args.profiles_dir)))
+    known = pins.profile_names(args.profiles_dir)
+    unknown = sorted(set(args.names) - set(known))
     if unknown:
-        raise UserError(f"no such profile in {args.profiles_dir}: {', '.join(unknown)} "
-                         f"(known: {', '.join(pins.profile_names(args.profiles_dir))})")
+        raise UserError(f"no such profile in {args.profiles_dir}: {', '.join(unknown)}"
+                        f"{did_you_mean(unknown[0], known)} (known: {', '.join(known)})")
     changed = pins.write(args.profiles_dir, args.names or None)
     print(f"pinned {', '.join(changed)}" if changed else "pins already current")
     return 0

@@ -15,6 +15,7 @@ from ci.rollback.repo import REVIEW
 from ci.rollback.decision import Reason
 from ci.run.commands import api_deadline_arg, lanes_file
 from engine.errors import UserError, did_you_mean
+from engine.profile.location import require_checkout
 
 
 def _open_pr_for(slug: str):
@@ -66,7 +67,7 @@ def cmd_rollback(args) -> int:
 
     lane = lanes.find(args.lane, lanes.load(args.lanes_file))
     keys = _keys(args.keys, lane.profile)
-    repo = Path(args.repo).resolve()
+    repo = Path(args.repo).resolve() if args.repo else require_checkout("lanekeeper rollback")
     check_repo(repo)
     slug = args.github or os.environ.get("GITHUB_REPOSITORY")
     if args.open_pr and not slug:
@@ -173,7 +174,7 @@ def add_parsers(sub) -> None:
     src.add_argument("--buildkite", metavar="ORG/PIPELINE", help="read the history from Buildkite builds of main")
     src.add_argument("--github", metavar="OWNER/REPO", help="read the history from GitHub workflow runs on main")
     p.add_argument("--workflow", help="GitHub workflow file or id (with --github)")
-    p.add_argument("--repo", default=".", help="git repository (default: .)")
+    p.add_argument("--repo", help="git repository (default: the checkout at or above the working directory)")
     p.add_argument("--apply", action="store_true", help="create the rollback branch and commit (default: dry run)")
     p.add_argument("--verify", choices=("config", "lane", "none"), default="config",
                    help="run tests/config or the lane on the rollback commit before keeping it (default: %(default)s)")

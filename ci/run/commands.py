@@ -67,7 +67,8 @@ def cmd_pipeline(args) -> int:
                               "main gets `rollback --apply --push` steps; pass --event (push, pull_request, "
                               "schedule or manual) to say what this build is")
     ci_name = "Buildkite" if kind == "buildkite" else "GitHub Actions"
-    print(f"lanekeeper: {kind} for {build.describe()}" + ("" if build.from_ci else
+    print(f"lanekeeper: {kind} from {args.lanes_file or lanes.default_lanes_file()} for {build.describe()}"
+          + ("" if build.from_ci else
           f" (no {ci_name} variables here: assumed where not given)"), file=sys.stderr)
     if kind == "buildkite":
         sys.stdout.write(pipelines.dump(pipelines.buildkite(all_lanes, build), "buildkite"))

@@ -14,6 +14,7 @@ import socket
 import sys
 
 from engine.errors import UserError
+from engine.profile.location import profile_source
 from engine.request import RequestError
 from engine.runtime.devices import usable_platform
 from engine.runtime.engine import TTSEngine
@@ -66,7 +67,8 @@ def serve(profile, host: str = "127.0.0.1", port: int = 8000, allowed_local_medi
         usable_platform(profile.platform, cpu_fallback)
     sock = listen(host, port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    log.info("listening on http://%s:%d; starting the engine", host, port)
+    log.info("listening on http://%s:%d; starting the engine for profile %s from %s (%s)", host, port,
+             profile.name, profile.path, profile_source().origin)
     outcome = {"code": 0}
     server: uvicorn.Server | None = None
 

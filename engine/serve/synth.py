@@ -8,6 +8,7 @@ import numpy as np
 import soundfile as sf
 
 from engine.profile.axes import axis_overrides
+from engine.profile.location import profile_source
 from engine.profile.resolve import resolve
 from engine.errors import UserError
 from engine.request import SpeechRequest
@@ -35,6 +36,7 @@ def cmd_synth(args) -> int:
     if args.preset:
         overrides.append(f"model.preset={args.preset}")
     profile = resolve(args.profile, platform=args.platform, overrides=overrides + args.overrides)
+    print(f"lanekeeper: profile {profile.name} from {profile.path} ({profile_source().origin})", flush=True)
     ref_audio, ref_sr = read_audio(args.ref_audio) if args.ref_audio else (None, 24000)
     task = args.task or ("Base" if args.ref_audio else "VoiceDesign" if args.instructions else "CustomVoice")
     request = SpeechRequest(text=args.text, task_type=task, voice=args.voice, instructions=args.instructions,

@@ -316,6 +316,7 @@ def test_a_lane_runs_the_profile_it_names(tmp_path, capsys):
     assert "--lk-profile qwen3_tts_high_concurrency" in capsys.readouterr().out
     run = _cli("run", "hc", "--lanes-file", str(lanes_file), "--artifacts", str(art))
     assert run.returncode == 0, run.stdout[-3000:]
+    assert "warnings summary" not in run.stdout   # the JUnit family holds the properties recorded
     (case,) = ET.parse(art / "junit.xml").getroot().iter("testcase")
     props = {p.get("name"): p.get("value") for p in case.iter("property")}
     assert props == {"profile": "qwen3_tts_high_concurrency", "runner": "v1", "lanekeeper_task": "CustomVoice"}
@@ -379,8 +380,10 @@ def test_report(tmp_path):
     assert ("| vllm | v2 | cuda_graph | async_chunk | CustomVoice | 0 | 0 | 0 | 1 | "
             "skipped: vLLM v2 on cpu: Model Runner V2 requires Triton. |") in md.stdout
     # every failed test, in or out of the matrix, with why
-    assert "- `tests.config.test_profiles::test_default_profile_runner_per_platform` (failed): AssertionError" in md.stdout
-    assert "- `tests.config.test_profiles::test_v2_refused_on_npu_and_xpu` (failed): error" in md.stdout
+    # pytest node ids, to paste into pytest
+    assert "- `tests/config/test_profiles.py::test_default_profile_runner_per_platform` (failed): AssertionError" in md.stdout
+    assert "Stalled cells: v2-no_cuda_graph-full_payload" in md.stdout
+    assert "- `tests/config/test_profiles.py::test_v2_refused_on_npu_and_xpu` (failed): error" in md.stdout
     assert "(stalled): StageHandoffStall: stage 1 (code2wav) waited 5.0s" in md.stdout
     data = json.loads(_cli("report", "--junit", str(src), "--format", "json").stdout)
     rows = data["rows"]

@@ -46,3 +46,23 @@ def test_the_committed_h200_file_has_every_required_row():
             assert ("online", runner, c) in have, (runner, c)
     for r in doc["rows"]:
         assert set(results.FIELDS) <= set(r) and r["audio_s_per_s"] > 0
+
+
+def test_the_readme_timings_are_the_committed_file():
+    """Every CPU timing in the README is the table the scripts' results file renders."""
+    doc = results.load(str(ROOT / "benchmarks" / "results" / "cpu.json"))
+    assert results.readme_timings((ROOT / "README.md").read_text()) == results.timing_table(doc) + "\n"
+    assert {"the suite", "engine start"} <= {w for r in doc["rows"] for w in ("the suite", "engine start")
+                                             if w in r["what"]}
+
+
+def test_timing_rows_merge_by_what(tmp_path, monkeypatch):
+    monkeypatch.setenv("LANEKEEPER_COMMIT", "abc123")
+    path = tmp_path / "t.json"
+    results.record_timings(str(path), [{"what": "a", "command": "x", "seconds": 1}, {"what": "b", "command": "y",
+                                                                                   "seconds": 2}])
+    results.record_timings(str(path), [{"what": "a", "command": "x", "seconds": 3}])
+    doc = results.load(str(path))
+    assert {r["what"]: r["seconds"] for r in doc["rows"]} == {"a": 3, "b": 2} and "abc123" in results.timing_table(doc)
+    with pytest.raises(ValueError, match="lacks seconds"):
+        results.record_timings(str(path), [{"what": "c", "command": "z"}])
