@@ -7,7 +7,7 @@ import json
 
 from ci.rollback.history import shard_label
 from ci.lanes.schema import Lane, shard_dir
-from ci.lanes.buildkite import TOOLS, Build, plan
+from ci.lanes.buildkite import TOOLS, Build, lane_files, plan
 
 RUNNERS = {"cpu": "ubuntu-latest", "gpu": ["self-hosted", "gpu"]}
 
@@ -15,8 +15,9 @@ RUNNERS = {"cpu": "ubuntu-latest", "gpu": ["self-hosted", "gpu"]}
 def lane_matrix(lanes: list[Lane], build: Build) -> dict[str, list[dict]]:
     """The matrix of each lane job, by hardware: what the `changes` job hands on."""
     out: dict[str, list[dict]] = {hw: [] for hw in RUNNERS}
+    files = lane_files(lanes, build)
     for lane in lanes:
-        if plan(lane, build) != "run":
+        if plan(lane, build, files) != "run":
             continue
         entry = {"key": lane.key, "label": lane.label, "install": lane.ci_install, "shard": "",
                  "artifact": lane.key}
@@ -94,9 +95,11 @@ def rollback_workflow(lanes: list[Lane]) -> dict:
     one, since a pull request opened with the default token starts no workflow run of its own."""
     steps = _setup({"name": "Install", "run": TOOLS})
     for lane in (l for l in lanes if l.trigger == "merge_only"):
+        if lane.ci_install != TOOLS:   # isolation re-runs the lane's tests: with the lane's own extras
+            steps.append({"name": f"Install for {lane.key}", "run": lane.ci_install})
         steps.append({"name": f"Rollback check {lane.key}",
                       "run": (f'lanekeeper rollback --lane {lane.key} --github "$GITHUB_REPOSITORY" '
-                              "--workflow lanes.yml --apply --push origin --open-pr"),
+                              "--workflow lanes.yml --apply --push origin --open-pr --isolate"),
                       "env": {"GITHUB_TOKEN": "${{ secrets.LANEKEEPER_PR_TOKEN || secrets.GITHUB_TOKEN }}"}})
     return {
         "name": "rollback",
@@ -107,7 +110,7 @@ def rollback_workflow(lanes: list[Lane]) -> dict:
             "name": "Roll back a default that turned a merge-only lane red",
             "if": "github.event.workflow_run.conclusion == 'failure'",
             "runs-on": "ubuntu-latest",
-            "timeout-minutes": 30,
+            "timeout-minutes": 30 + sum(l.timeout_minutes for l in lanes if l.trigger == "merge_only"),
             "steps": steps,
         }},
     }

@@ -1,7 +1,6 @@
 """Lanes: the schema of ci/lanes.yaml and the exact pytest command each lane runs."""
 from __future__ import annotations
 
-import fnmatch
 import os
 import shlex
 import sys
@@ -67,6 +66,7 @@ class Lane(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     profile: str = "qwen3_tts"     # the deploy profile its engines and servers run (pytest --lk-profile)
     backend: Backend = "torch"     # the stage-0 backend its matrix runs on
+    # files the lane depends on that no import or read of its tests reaches (ci/lanes/deps.py computes the rest)
     source_file_dependencies: list[str] = Field(default_factory=list)
     shards: int = Field(1, ge=1, le=64)   # CI agents the lane is split across (pytest --lk-shard K/N)
     workers: int | Literal["auto"] | None = None   # pytest-xdist workers on each agent (pytest -n)
@@ -140,17 +140,6 @@ class Lane(BaseModel):
 
     def command(self, artifacts: str, platform: str | None = None, shard: tuple[int, int] | None = None) -> list[str]:
         return [sys.executable, "-m", "pytest", *self.pytest_args(artifacts, platform, shard)]
-
-    def matches(self, changed: list[str]) -> bool:
-        if not self.source_file_dependencies:
-            return True
-        for path in changed:
-            for dep in self.source_file_dependencies:
-                hit = path.startswith(dep) if dep.endswith("/") else (path == dep or fnmatch.fnmatch(path, dep))
-                if hit:
-                    return True
-        return False
-
 
 class LanesFile(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 from ci.run import ci_api
 from ci.run import junit
 from ci.lanes import schema as lanes
-from engine.serve.argtypes import whole_number
+from engine.serve.argtypes import seconds, whole_number
 from ci.git import GitError, check_repo, git, remote_ref
 from ci.rollback.repo import REVIEW
 from ci.rollback.decision import Reason
@@ -75,13 +75,14 @@ def cmd_rollback(args) -> int:
     builds = _builds(args)
     audit = rollback_branch.Audit(repo, args.push)
     decision = rollback.decide(builds, lane, repo, args.min_red, audit, keys=keys, remote=args.push,
-                               pr_for=_open_pr_for(slug) if args.open_pr else None)
+                               pr_for=_open_pr_for(slug) if args.open_pr else None,
+                               isolate_budget=args.isolate_budget if args.isolate else None)
     print(f"lanekeeper rollback: lane {lane.key} ({lane.label}), profile {lane.profile}")
     for line in decision.evidence:
         print(f"  {line}")
     record = {"lane": lane.key, "culprit": decision.culprit, "keys": decision.keys, "code": decision.code.value,
               "facts": decision.facts, "reason": decision.reason,
-              "builds": [b.number for b in decision.reds], "branch": decision.branch}
+              "builds": [b.number for b in decision.reds], "branch": decision.branch, "isolation": decision.isolation}
     if not decision.act:
         audit.append({**record, "action": "none"})
         print(f"no action [{decision.code.value}]: {decision.reason}")
@@ -178,6 +179,11 @@ def add_parsers(sub) -> None:
     p.add_argument("--apply", action="store_true", help="create the rollback branch and commit (default: dry run)")
     p.add_argument("--verify", choices=("config", "lane", "none"), default="config",
                    help="run tests/config or the lane on the rollback commit before keeping it (default: %(default)s)")
+    p.add_argument("--isolate", action="store_true",
+                   help="when the culprit changed several keys, or several commits are candidates, run the lane's "
+                        "failing tests with each one reverted alone and roll back only the one that turns them green")
+    p.add_argument("--isolate-budget", type=seconds, default=900.0, metavar="SECONDS",
+                   help="stop isolating after this long and fall back (default: %(default)s)")
     p.add_argument("--min-red", type=whole_number(1), default=2,
                    help="red builds on distinct commits needed (default: 2)")
     p.add_argument("--keys", metavar="KEY[,KEY...]",

@@ -60,6 +60,30 @@ MESSAGES = {
 }
 
 
+# What isolation found (ci/rollback/isolate.py), by its outcome; then what the rollback does about it.
+ISOLATION = {
+    "isolated": "isolation: reverting {chosen} alone turned the failing tests green; rolling back only that",
+    "not_reproduced": "isolation: the lane is green here at the unchanged tip, so the red does not reproduce on this "
+                      "machine and isolation cannot tell",
+    "none_green": "isolation: no candidate turned the failing tests green alone",
+    "several_green": "isolation: {green} each turned the failing tests green alone",
+    "over_budget": "isolation: its budget of {budget:.0f}s ran out after {runs} run(s)",
+    "cannot_run": "isolation: {why}; not guessing",
+}
+FALLBACK = {"keys": "falling back to restoring every key the culprit changed",
+            "commits": "falling back to reporting only"}
+
+
+def isolation_lines(record: dict, budget: float, fallback: str | None) -> list[str]:
+    """The isolation's outcome and each run, in words, for the evidence, the commit and the pull request."""
+    head = ISOLATION[record["outcome"]].format(chosen=record["chosen"], green=", ".join(record["green"]),
+                                               budget=budget, runs=len(record["trials"]), why=record["why"])
+    lines = [head + (f"; {FALLBACK[fallback]}" if fallback else "")]
+    lines += [f"  {t['candidate']}: {t['outcome']} in {t['seconds']:g}s ({', '.join(t['tests']) or 'no tests'})"
+              for t in record["trials"]]
+    return lines
+
+
 def infra_note(numbers: list[int]) -> str:
     return (f"{len(numbers)} build(s) set aside as infrastructure (lost agent / cancelled): "
             f"{', '.join(f'#{n}' for n in numbers)}")
@@ -78,6 +102,7 @@ class Decision:
     branch: str | None = None
     existing: str | None = None     # the ref that holds the existing rollback of this culprit, if any
     pr: dict | None = None          # its open pull request, if any
+    isolation: dict | None = None   # what isolation ran and found (ci/rollback/isolate.Isolation.record)
 
     @property
     def action(self) -> str:

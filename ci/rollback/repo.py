@@ -6,7 +6,8 @@ repository: profiles as a commit had them, the culprit's files, the rollback's t
 It acts only on a confirmed red that one commit explains: a red streak on at least
 `min_red` distinct commits after the last green, still red now, with no flaky commit (a
 pass and a fail on the same commit), and exactly one commit in (last green, first red]
-that changed a value the lane's profile resolves to.  Infrastructure results (a lost
+that changed a value the lane's profile resolves to, or, with isolation (isolate.py), exactly one
+candidate, a key or a commit, whose reversal alone turns the lane's failing tests green.  Infrastructure results (a lost
 agent, a cancelled job) are set aside: they neither count as red nor break a streak.
 
 What a rollback changes, on a branch `rollback/<culprit>` made in a separate worktree

@@ -15,7 +15,7 @@ from ci.git import existing_ref, git
 from ci.lanes.schema import Lane
 from ci.rollback.repo import PINS, TRAILER, check_commits, left_over, recorded, branch_name, chain_files, \
     resolved_at
-from ci.rollback.decision import Decision, Reason, infra_note
+from ci.rollback.decision import Decision, Reason, infra_note, isolation_lines
 from ci.rollback.history import Build
 from engine.profile.document import MISSING, diff
 
@@ -30,6 +30,8 @@ class Case:
     audit: object = None
     remote: str | None = None
     pr_for: Callable[[str], dict | None] | None = None
+    isolate_budget: float | None = None                        # seconds; None: no isolation
+    candidates: list[tuple[str, dict]] = field(default_factory=list)   # (commit, keys it changed)
     seq: list[tuple[Build, str]] = field(default_factory=list)   # real results: (build, green|red)
     infra: list[Build] = field(default_factory=list)
     flaky: list[str] = field(default_factory=list)
@@ -102,10 +104,18 @@ def culprit(c: Case):
     d.evidence.append(f"commits in (last green, first red]: {', '.join(sha[:12] for sha in commits)}")
     if not candidates:
         return c.end(Reason.NOT_A_FLIP)
+    c.candidates = candidates
     if len(candidates) > 1:
+        if c.isolate_budget is not None and not c.keys:   # isolation may still find the one
+            return None
         return c.end(Reason.SEVERAL_CANDIDATES, count=len(candidates),
                      commits=", ".join(sha[:12] for sha, _ in candidates))
-    d.culprit, changed = candidates[0]
+    return _blame(c, *candidates[0])
+
+
+def _blame(c: Case, sha: str, changed: dict):
+    d = c.d
+    d.culprit = sha
     c.message = git(c.repo, "log", "-1", "--format=%B", d.culprit)
     d.evidence.append(f"culprit: {d.culprit[:12]} {_subject(c)!r} changed " +
                       ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in sorted(changed.items())))
@@ -113,6 +123,33 @@ def culprit(c: Case):
     if unknown:
         return c.end(Reason.UNKNOWN_KEYS, unknown=", ".join(unknown), changed=", ".join(sorted(changed)))
     d.keys = {k: v for k, v in changed.items() if not c.keys or k in c.keys}
+
+
+def isolate(c: Case):
+    """With isolation on and more than one candidate (keys of the culprit, or commits), verify which one."""
+    from ci.rollback import isolate as isolation
+
+    d, several = c.d, len(c.candidates) > 1
+    if c.isolate_budget is None or c.keys or (not several and len(d.keys) < 2):
+        return None
+    if not several and existing_ref(c.repo, branch_name(c.repo, d.culprit), c.remote):
+        return None   # a rollback of this culprit exists: its isolation chose the keys; this lane adds evidence
+    if several:
+        units = [isolation.Candidate(sha[:12], sha, frozenset(changed)) for sha, changed in c.candidates]
+    else:
+        units = [isolation.Candidate(key, d.culprit, frozenset({key})) for key in sorted(d.keys)]
+    found = isolation.isolate(c.repo, c.lane, units, c.isolate_budget)
+    d.isolation = found.record()
+    fallback = None if found.chosen else ("commits" if several else "keys")
+    d.evidence += isolation_lines(d.isolation, c.isolate_budget, fallback)
+    if found.chosen is None and several:
+        return c.end(Reason.SEVERAL_CANDIDATES, count=len(c.candidates),
+                     commits=", ".join(sha[:12] for sha, _ in c.candidates))
+    if found.chosen is not None and several:
+        return _blame(c, found.chosen.commit, dict(c.candidates)[found.chosen.commit])
+    if found.chosen is not None:
+        d.keys = {k: v for k, v in d.keys.items() if k in found.chosen.keys}
+    return None
 
 
 def scope(c: Case):
@@ -162,16 +199,16 @@ def under_cap(c: Case):
         return c.end(Reason.DAILY_CAP)
 
 
-RULES = (results, flaky, still_red, streak, confirmed, culprit, scope, allowed, not_restored, not_done, under_cap)
+RULES = (results, flaky, still_red, streak, confirmed, culprit, isolate, scope, allowed, not_restored, not_done, under_cap)
 
 
 def decide(builds: list[Build], lane: Lane, repo: Path, min_red: int = 2, audit=None,
            keys: list[str] | None = None, remote: str | None = None,
-           pr_for: Callable[[str], dict | None] | None = None) -> Decision:
+           pr_for: Callable[[str], dict | None] | None = None, isolate_budget: float | None = None) -> Decision:
     """What to do about the lane's history: nothing (and why), a rollback, or evidence on an existing one.
     `audit` (ci.rollback.branch.Audit) caps rollbacks at one a lane a day; `pr_for(branch)` finds a
-    branch's open pull request."""
-    case = Case(builds, lane, repo, min_red, keys, audit, remote, pr_for)
+    branch's open pull request; `isolate_budget` (seconds) turns culprit isolation on (ci/rollback/isolate.py)."""
+    case = Case(builds, lane, repo, min_red, keys, audit, remote, pr_for, isolate_budget)
     for rule in RULES:
         decision = rule(case)
         if decision is not None:

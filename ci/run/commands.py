@@ -16,18 +16,39 @@ from ci.lanes import schema as lanes
 from ci.lanes import buildkite as pipelines
 from ci.run import report
 from ci.run import lane as run_lane
-from engine.profile.location import find_checkout
+from engine.profile.location import find_checkout, require_checkout
 from engine.serve.argtypes import seconds, shard
 
 
 def cmd_lanes(args) -> int:
     all_lanes = lanes.load(args.lanes_file)
+    if args.what:
+        if args.what[0] != "deps" or len(args.what) != 2:
+            raise lanes.LaneError(f"lanes {' '.join(args.what)}: expected `lanes` or `lanes deps LANE`")
+        return lane_deps(lanes.find(args.what[1], all_lanes), all_lanes)
     if args.json:
         print(json.dumps([lane.model_dump() for lane in all_lanes], indent=2))
         return 0
     width = max(len(lane.key) for lane in all_lanes)
     for lane in all_lanes:
         print(f"{lane.key:<{width}}  {lane.trigger:<10}  {lane.hardware:<3}  {lane.label}")
+    return 0
+
+
+def lane_deps(lane, all_lanes) -> int:
+    """Each file the lane depends on, with the chain that reaches it: what a change must touch to run it."""
+    from ci.lanes import deps
+
+    root = require_checkout("lanekeeper lanes deps")
+    graph = deps.Graph(root)
+    found = graph.deps(lane)
+    graph.check_extras(lane, found)
+    for path in sorted(found):
+        print(f"{path}\n    {' -> '.join(found[path].chain)}")
+    for extra in lane.source_file_dependencies:
+        print(f"{extra}\n    source_file_dependencies of lane {lane.key}")
+    print(f"lanekeeper: lane {lane.key} depends on {len(found) + len(lane.source_file_dependencies)} paths in {root}",
+          file=sys.stderr)
     return 0
 
 
@@ -178,8 +199,10 @@ def add_parsers(sub) -> None:
 
 
 def _lanes_and_run_parsers(sub) -> None:
-    p = sub.add_parser("lanes", help="list the CI lanes")
+    p = sub.add_parser("lanes", help="list the CI lanes, or the files one depends on")
     p.add_argument("--json", action="store_true", help="print every lane's settings as JSON")
+    p.add_argument("what", nargs="*", metavar="deps LANE", help="print the files LANE depends on (its tests, what "
+                                                              "they import and read), each with the chain that reaches it")
     lanes_file(p)
     p.set_defaults(func=cmd_lanes)
 

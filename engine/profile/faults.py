@@ -10,6 +10,10 @@ Specs come from the profile's `faults:` list or `LANEKEEPER_FAULTS` (specs joine
     kill_stage:stage=1,after_frames=5     ... or once it has handled 5 frames
     raise_stage:stage=1,after_frames=20   the stage raises while handling a request that has reached 20 frames
                                           (the request fails; the stage must go on)
+
+Any spec may add `when=KEY:VALUE` (repeatable; all must hold): it acts only where the resolved profile
+sets KEY to VALUE, and is inert elsewhere.  `drop_handoff:after_frames=10,when=model_runner:v2` is a
+defect of runner v2, so a profile can carry it and a flip of the default really turns a lane red.
 """
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ import os
 from dataclasses import dataclass
 
 from engine.errors import UserError
+
+WHEN = "when"
 
 ENV = "LANEKEEPER_FAULTS"
 
@@ -38,12 +44,31 @@ class FaultSpecError(UserError, ValueError):
 class Fault:
     kind: str
     params: tuple[tuple[str, int], ...]
+    when: tuple[tuple[str, object], ...] = ()   # (resolved key, value) that must all hold for it to act
 
     def get(self, name: str, default=None):
         return dict(self.params).get(name, default)
 
+    def applies(self, resolved: dict) -> bool:
+        """Whether it acts under these resolved values (`ResolvedProfile.flat()`)."""
+        return all(key in resolved and resolved[key] == value for key, value in self.when)
+
     def __str__(self) -> str:
-        return f"{self.kind}:" + ",".join(f"{k}={v}" for k, v in self.params)
+        return f"{self.kind}:" + ",".join([f"{k}={v}" for k, v in self.params] +
+                                          [f"{WHEN}={k}:{_text(v)}" for k, v in self.when])
+
+
+def _text(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _condition(text: str, spec: str, where: str) -> tuple[str, object]:
+    from ruamel.yaml import YAML
+
+    key, colon, value = text.partition(":")
+    if not colon or not key or not value:
+        raise FaultSpecError(f"{where}: {WHEN}={text!r} in {spec!r} is not KEY:VALUE (e.g. when=model_runner:v2)")
+    return key, YAML(typ="safe").load(value)
 
 
 def parse_one(spec: str, where: str) -> Fault:
@@ -51,12 +76,15 @@ def parse_one(spec: str, where: str) -> Fault:
     if kind not in KINDS:
         raise FaultSpecError(f"{where}: unknown fault {kind!r} in {spec!r}; known: {', '.join(KINDS)}")
     allowed = KINDS[kind]
-    params = {}
+    params, when = {}, []
     for part in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = part.partition("=")
+        if key == WHEN and eq:
+            when.append(_condition(value, spec, where))
+            continue
         if not eq or key not in allowed:
             raise FaultSpecError(f"{where}: bad parameter {part!r} in {spec!r}; {kind} takes "
-                                 f"{', '.join(f'{k}=N' for k in allowed)}")
+                                 f"{', '.join(f'{k}=N' for k in allowed)} and {WHEN}=KEY:VALUE")
         try:
             params[key] = allowed[key][0](value)
         except ValueError:
@@ -75,7 +103,7 @@ def parse_one(spec: str, where: str) -> Fault:
         raise FaultSpecError(f"{where}: {kind} needs {', '.join(f'{k}=N' for k in required)} in {spec!r}")
     if "stage" in params and params["stage"] not in (0, 1):
         raise FaultSpecError(f"{where}: stage must be 0 or 1 in {spec!r}")
-    return Fault(kind, tuple(sorted(params.items())))
+    return Fault(kind, tuple(sorted(params.items())), tuple(when))
 
 
 def parse(specs: list[str] | str, where: str = "faults") -> list[Fault]:

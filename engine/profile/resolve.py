@@ -231,10 +231,15 @@ def _check(profile: ResolvedProfile) -> None:
     from engine.profile.faults import FaultSpecError, parse as parse_faults
 
     try:
-        parse_faults(cfg.faults)
+        faults = parse_faults(cfg.faults)
     except FaultSpecError as e:
         raise ProfileError(f"{e} (set by {profile.sources.get('faults', 'schema default')})",
                            path=profile.path, key="faults") from None
+    known = profile.flat()
+    for key in (key for fault in faults for key, _ in fault.when if key not in known):
+        raise ProfileError(f"a fault's when={key}:...: the profile has no key {key}{did_you_mean(key, known)} "
+                           f"(set by {profile.sources.get('faults', 'schema default')})", path=profile.path,
+                           key="faults")
     ckpt = cfg.model.checkpoint
     if ckpt and not Path(ckpt).is_file():
         raise ProfileError(f"checkpoint file not found: {ckpt} (set by {profile.sources.get('model.checkpoint')})",

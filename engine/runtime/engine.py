@@ -44,7 +44,9 @@ class TTSEngine:
         self.info: dict[int, dict] = {}
         self.beats: dict[int, tuple[float, object]] = {}   # stage -> (when, its TalkerStats / Code2WavStats)
         self.fatal: Fatal | None = None   # a stage's loop raised
-        self.faults = parse_faults(profile.config.faults, "profile faults") + faults_from_env()
+        resolved = profile.flat()   # a fault with when=KEY:VALUE acts only where the profile resolves to it
+        self.faults = [f for f in parse_faults(profile.config.faults, "profile faults") + faults_from_env()
+                       if f.applies(resolved)]
         ctx = stage_context()
         self.in_q, self.handoff_q, self.out_q = ctx.Queue(), ctx.Queue(), ctx.Queue()
         self._tracked: dict[str, Tracked] = {}

@@ -75,28 +75,59 @@ def split_out(source: str, test: str) -> str:
     return source[:start] + (source[end + 3:] if end != -1 else "")
 
 
+# A defect of runner v2 the profile carries (a fault that acts only where the profile resolves to v2), and
+# a short handoff deadline so that the stall it causes turns a test red in seconds.
+V2_DEFECT = {"faults": ["drop_handoff:after_frames=2,when=model_runner:v2"], "watchdog.handoff_deadline_s": 2.0}
+BOTH_DEFECT = {"faults": ["drop_handoff:after_frames=2,when=model_runner:v2,when=stages.0.max_num_batched_tokens:512"],
+               "watchdog.handoff_deadline_s": 2.0}
+
+
 def make_repo(tmp_path, flip_message="Make model runner v2 the default", after=("notes", "more notes"),
-              pull_request=True):
-    """A copy of the project on the legacy default, then the flip, then unrelated commits."""
+              pull_request=True, defect=None, split_flip=False):
+    """A copy of the project on the legacy default (carrying `defect`), then the flip (as two commits with
+    `split_flip`: runner, then the prefill bound), then unrelated commits."""
     repo = tmp_path / "repo"
     copy_project(repo)
     git(repo, "init", "-q", "-b", "main")
     git(repo, "config", "user.name", "Dev")
     git(repo, "config", "user.email", "dev@example.com")
-    set_values(repo, PROFILE, LEGACY)
+    set_values(repo, PROFILE, {**LEGACY, **(defect or {})})
     shas = {"base": commit(repo, "Initial")}
-    set_values(repo, PROFILE, FLIP)
-    extra = {}
-    if pull_request:
-        extra = {MRV2: "# Opt-in MRV2: the default runs v2 now too; this keeps v2 if the default moves back.\n"
-                       + (repo / MRV2).read_text(),
-                 SPLIT_FROM: split_out((repo / SPLIT_FROM).read_text(), "test_default_profile_runner_per_platform"),
-                 SPLIT_TEST: SPLIT_TEST_TEXT,
-                 DOCS: "# Model runner V2\n\nV2 is now the default runner of the TTS profile.\n"}
-    shas["flip"] = commit(repo, flip_message, extra)
+    if split_flip:
+        set_values(repo, PROFILE, {"model_runner": "v2"})
+        shas["runner"] = commit(repo, flip_message)
+        set_values(repo, PROFILE, {"stages.0.max_num_batched_tokens": 512})
+        shas["flip"] = commit(repo, "Lower the stage-0 prefill bound")
+    else:
+        set_values(repo, PROFILE, FLIP)
+        extra = {}
+        if pull_request:
+            extra = {MRV2: "# Opt-in MRV2: the default runs v2 now too; this keeps v2 if the default moves back.\n"
+                           + (repo / MRV2).read_text(),
+                     SPLIT_FROM: split_out((repo / SPLIT_FROM).read_text(), "test_default_profile_runner_per_platform"),
+                     SPLIT_TEST: SPLIT_TEST_TEXT,
+                     DOCS: "# Model runner V2\n\nV2 is now the default runner of the TTS profile.\n"}
+        shas["flip"] = commit(repo, flip_message, extra)
     for i, text in enumerate(after):
         shas[f"after{i}"] = commit(repo, f"Unrelated change {i}", {"NOTES": text})
     return repo, shas
+
+
+def small_lanes(tmp_path):
+    """The two merge-only lanes, each cut to its one as-shipped test, so that isolation runs in seconds."""
+    path = tmp_path / "lanes.yaml"
+    path.write_text("lanes:\n" + "".join(f"""\
+  - key: {key}
+    label: "{label}"
+    trigger: merge_only
+    paths: [tests/e2e/offline/{file}]
+    markers: merge_only
+    keyword: as_shipped
+    timeout: 120
+    budget: 600
+""" for key, label, file in (("tts-base", BASE_LANE, "test_base.py"),
+                             ("tts-customvoice", CV_LANE, "test_custom_voice.py"))))
+    return path
 
 
 def history(tmp_path, *builds, lanes=("tts-base",)):
@@ -138,10 +169,14 @@ def red_history(tmp_path, s, lanes=("tts-base",)):
 
 
 def test_motivating_pull_request_is_rolled_back_once(tmp_path, capsys):
-    repo, s = make_repo(tmp_path)
+    """The flip of runner v2 with the prefill bound an opt-in profile inherits, where runner v2 really
+    breaks the lane: isolation restores the runner alone and keeps the bound, for both profiles."""
+    repo, s = make_repo(tmp_path, defect=V2_DEFECT)
     hist = red_history(tmp_path, s, lanes=("tts-base", "tts-customvoice"))
+    lanes_file = small_lanes(tmp_path)
     head = git(repo, "rev-parse", "HEAD")
-    code, out = rollback(capsys, repo, hist, "--apply", "--verify", "config")
+    code, out = rollback(capsys, repo, hist, "--apply", "--verify", "config", "--isolate",
+                         "--lanes-file", str(lanes_file))
     assert code == 0, out.out + out.err
     branch = f"rollback/{git(repo, 'rev-parse', '--short=10', s['flip'])}"
     (entry,) = Audit(repo).entries()
@@ -150,33 +185,42 @@ def test_motivating_pull_request_is_rolled_back_once(tmp_path, capsys):
     assert "verified with config" in entry["verify"] and "passed" in entry["verify"]
     assert git(repo, "rev-parse", f"{branch}~1") == head and git(repo, "rev-parse", "HEAD") == head
     assert git(repo, "status", "--porcelain") == ""
+    # the control and one run per key, each with its tests, outcome and seconds
+    isolation = entry["isolation"]
+    assert (isolation["outcome"], isolation["chosen"]) == ("isolated", "model_runner")
+    runs = {t["candidate"]: t for t in isolation["trials"]}
+    assert {k: t["outcome"] for k, t in runs.items()} == {
+        "control": "red", "model_runner": "green", "stages.0.max_num_batched_tokens": "red"}
+    for t in runs.values():
+        assert [i.split("[")[0] for i in t["tests"]] == ["tests/e2e/offline/test_base.py::test_voice_clone_as_shipped"]
+        assert t["seconds"] > 0
 
-    # exactly the flipped keys, in the default profile only: that file is the legacy one again, comments and all
+    # the runner alone goes back: the prefill bound stays, in the default profile and in the opt-in one
     assert sorted(git(repo, "diff", "--name-only", head, branch).split()) == [PINS, PROFILE]
-    assert git(repo, "show", f"{branch}:{PROFILE}") == git(repo, "show", f"{s['base']}:{PROFILE}")
-    for key, value in LEGACY.items():
-        assert resolved(repo, branch, "qwen3_tts", key) == value
-    # the opt-in profile keeps its explicit v2 and the culprit's header, and takes the restored inherited bound
+    assert resolved(repo, branch, "qwen3_tts", "model_runner") == "v1"
+    assert resolved(repo, branch, "qwen3_tts", "stages.0.max_num_batched_tokens") == 512
     assert git(repo, "show", f"{branch}:{MRV2}") == git(repo, "show", f"{s['flip']}:{MRV2}")
     assert resolved(repo, branch, "qwen3_tts_mrv2", "model_runner") == "v2"
-    assert resolved(repo, branch, "qwen3_tts_mrv2", "stages.0.max_num_batched_tokens") == 2048
-    # pins regenerated for every profile whose resolved values changed, inheritance included
-    for name in ("qwen3_tts", "qwen3_tts_mrv2"):
-        assert pinned(repo, branch, name, "stages.0.max_num_batched_tokens") == 2048, name
-        assert pinned(repo, head, name, "stages.0.max_num_batched_tokens") == 512, name
+    assert resolved(repo, branch, "qwen3_tts_mrv2", "stages.0.max_num_batched_tokens") == 512
+    # pins regenerated for the default profile only; the opt-in profile's are as the tip has them
     assert pinned(repo, branch, "qwen3_tts", "model_runner") == "v1"
-    assert git(repo, "show", f"{branch}:{PINS}") == git(repo, "show", f"{s['base']}:{PINS}")
-    # the culprit's other files stay, listed for review
+    for name in ("qwen3_tts", "qwen3_tts_mrv2"):
+        assert pinned(repo, branch, name, "stages.0.max_num_batched_tokens") == 512, name
+    assert YAML(typ="safe").load(git(repo, "show", f"{branch}:{PINS}"))["qwen3_tts_mrv2"] == \
+        YAML(typ="safe").load(git(repo, "show", f"{head}:{PINS}"))["qwen3_tts_mrv2"]
     message = git(repo, "log", "-1", "--format=%B", branch)
     assert f"Rollback-Of: {s['flip']}" in message and "Rollback-Evidence: tts-base" in message and "#2" in message
-    assert "model_runner 'v2' -> 'v1'" in message and "stages.0.max_num_batched_tokens 512 -> 2048" in message
+    assert "model_runner 'v2' -> 'v1'" in message and "max_num_batched_tokens 512 -> 2048" not in message
+    assert "control: red" in message and "model_runner: green" in message   # the isolation, in the commit
+
+    # the culprit's other files stay, listed for review: the default profile too, which keeps the bound
     review = message.split(REVIEW)[1].split("\n\n")[0]
-    assert sorted(l[2:] for l in review.strip().splitlines()) == sorted([DOCS, MRV2, SPLIT_FROM, SPLIT_TEST])
+    assert sorted(l[2:] for l in review.strip().splitlines()) == sorted([DOCS, MRV2, PROFILE, SPLIT_FROM, SPLIT_TEST])
     for path in (DOCS, SPLIT_FROM, SPLIT_TEST):
         assert git(repo, "show", f"{branch}:{path}") == git(repo, "show", f"{s['flip']}:{path}")
 
-    # the CustomVoice lane is red for the same culprit: its evidence joins the same branch
-    code, cv = rollback(capsys, repo, hist, "--apply", lane=CV_LANE)
+    # the CustomVoice lane is red for the same culprit: its evidence joins the same branch, unisolated
+    code, cv = rollback(capsys, repo, hist, "--apply", "--isolate", "--lanes-file", str(lanes_file), lane=CV_LANE)
     assert code == 0, cv.out + cv.err
     assert "evidence added" in cv.out and branch in cv.out
     assert git(repo, "branch", "--list", "rollback/*").split() == [branch]
@@ -187,12 +231,46 @@ def test_motivating_pull_request_is_rolled_back_once(tmp_path, capsys):
 
     # reruns of either lane are no-ops
     for lane in (BASE_LANE, CV_LANE):
-        code, again = rollback(capsys, repo, hist, "--apply", lane=lane)
+        code, again = rollback(capsys, repo, hist, "--apply", "--lanes-file", str(lanes_file), lane=lane)
         assert code == 0 and Audit(repo).entries()[-1]["code"] == Reason.ALREADY_RECORDED.value, again.out
     assert git(repo, "rev-parse", branch) == tip and git(repo, "branch", "--list", "rollback/*").split() == [branch]
     assert [a["action"] for a in Audit(repo).entries()] == ["applied", "evidence", "none", "none"]
     assert [a["code"] for a in Audit(repo).entries()] == [Reason.CONFIRMED.value, Reason.EVIDENCE.value,
                                                            Reason.ALREADY_RECORDED.value, Reason.ALREADY_RECORDED.value]
+
+
+def test_isolation_rolls_back_only_the_guilty_of_two_commits(tmp_path, capsys):
+    """Runner v2 and the prefill bound in two commits before the first red: only the runner's is reverted."""
+    repo, s = make_repo(tmp_path, defect=V2_DEFECT, split_flip=True)
+    hist = red_history(tmp_path, s)
+    code, out = rollback(capsys, repo, hist, "--apply", "--verify", "none", "--isolate",
+                         "--lanes-file", str(small_lanes(tmp_path)))
+    assert code == 0, out.out + out.err
+    (entry,) = Audit(repo).entries()
+    assert (entry["code"], entry["culprit"], entry["isolation"]["outcome"]) == \
+        (Reason.CONFIRMED.value, s["runner"], "isolated")
+    assert {t["candidate"]: t["outcome"] for t in entry["isolation"]["trials"]} == {
+        "control": "red", s["runner"][:12]: "green", s["flip"][:12]: "red"}
+    branch = f"rollback/{git(repo, 'rev-parse', '--short=10', s['runner'])}"
+    assert resolved(repo, branch, "qwen3_tts", "model_runner") == "v1"
+    assert resolved(repo, branch, "qwen3_tts", "stages.0.max_num_batched_tokens") == 512
+
+
+def test_isolation_falls_back_when_the_red_needs_both_keys(tmp_path, capsys):
+    """A defect that needs runner v2 and the bound together: each reverted alone turns the lane green, so
+    isolation cannot name one, and the rollback restores both and says so."""
+    repo, s = make_repo(tmp_path, defect=BOTH_DEFECT)
+    hist = red_history(tmp_path, s)
+    code, out = rollback(capsys, repo, hist, "--apply", "--verify", "none", "--isolate",
+                         "--lanes-file", str(small_lanes(tmp_path)))
+    assert code == 0, out.out + out.err
+    (entry,) = Audit(repo).entries()
+    assert (entry["code"], entry["isolation"]["outcome"]) == (Reason.CONFIRMED.value, "several_green")
+    assert sorted(entry["keys"]) == ["model_runner", "stages.0.max_num_batched_tokens"]
+    assert "falling back" in out.out
+    branch = f"rollback/{git(repo, 'rev-parse', '--short=10', s['flip'])}"
+    for key, value in LEGACY.items():
+        assert resolved(repo, branch, "qwen3_tts", key) == value
 
 
 def test_keys_narrows_the_rollback(tmp_path, capsys):

@@ -52,8 +52,7 @@ def test_the_readme_timings_are_the_committed_file():
     """Every CPU timing in the README is the table the scripts' results file renders."""
     doc = results.load(str(ROOT / "benchmarks" / "results" / "cpu.json"))
     assert results.readme_timings((ROOT / "README.md").read_text()) == results.timing_table(doc) + "\n"
-    assert {"the suite", "engine start"} <= {w for r in doc["rows"] for w in ("the suite", "engine start")
-                                             if w in r["what"]}
+    assert any("engine start" in r["what"] for r in doc["rows"])
 
 
 def test_timing_rows_merge_by_what(tmp_path, monkeypatch):
