@@ -86,3 +86,13 @@ def test_the_run_id_is_the_builds(monkeypatch):
     assert record.new_run_id({"GITHUB_RUN_ID": "7"}) == record.new_run_id({"GITHUB_RUN_ID": "7"})
     assert record.new_run_id({}) != record.new_run_id({})
     assert record.new_run_id({record.RUN_ID_ENV: "mine", "BUILDKITE_BUILD_ID": "x"}) == "mine"
+
+
+def test_annotate_without_buildkite_agent_prints_and_says_so(tmp_path):
+    _result(tmp_path / "wide", 1, "b")
+    bare = tmp_path / "bin"   # a PATH without buildkite-agent (python is run by its full path)
+    bare.mkdir()
+    run = _cli("report", "--junit", tmp_path / "wide", "--annotate", env={"PATH": str(bare)})
+    assert run.returncode == 0 and run.stdout.startswith("**green**: 1 passed"), run.stderr
+    (line,) = run.stderr.strip().splitlines()
+    assert "buildkite-agent" in line

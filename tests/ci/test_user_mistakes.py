@@ -1,5 +1,8 @@
 """Every user mistake, across the commands, ends in exit 2 and one line on stderr that names what was
-wrong, with the nearest valid choice where there is one; never a traceback, and nothing started."""
+wrong, with the nearest valid choice where there is one; never a traceback, and nothing started.
+
+Each runs in this process, through the same `main` the `lanekeeper` program calls (an exception that
+escaped it would fail the test with its traceback); a few also run as the program itself."""
 import os
 import subprocess
 import sys
@@ -66,16 +69,40 @@ def scratch(tmp_path_factory):
     return t
 
 
-@pytest.mark.parametrize("line,names,suggests", MISTAKES, ids=[m[0].replace("{t}/", "") for m in MISTAKES])
-def test_a_mistake_is_one_line_and_exit_2(scratch, line, names, suggests):
-    env = {k: v for k, v in os.environ.items() if k not in ("BUILDKITE", "GITHUB_ACTIONS", "LANEKEEPER_ROOT")}
-    args = [a.replace("{t}", str(scratch)) for a in line.split()]
-    run = subprocess.run([sys.executable, "-m", "ci.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                         env=env, timeout=120)
-    lines = run.stderr.strip().splitlines()
-    assert run.returncode == 2 and len(lines) == 1, run.stderr
-    assert "Traceback" not in run.stderr + run.stdout
+def _check(code, err, names, suggests, scratch):
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    assert "Traceback" not in err
     assert names in lines[0], lines[0]
     if suggests:
         assert suggests in lines[0], lines[0]
     assert not (scratch / "x.wav").exists() and not (scratch / "x.mp3").exists()
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in ("BUILDKITE", "GITHUB_ACTIONS", "LANEKEEPER_ROOT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(ROOT)
+
+
+@pytest.mark.parametrize("line,names,suggests", MISTAKES, ids=[m[0].replace("{t}/", "") for m in MISTAKES])
+def test_a_mistake_is_one_line_and_exit_2(scratch, clean_env, capsys, line, names, suggests):
+    from ci.cli import main
+
+    args = [a.replace("{t}", str(scratch)) for a in line.split()]
+    try:
+        code = main(args)
+    except SystemExit as e:   # argparse's own usage errors
+        code = e.code
+    _check(code, capsys.readouterr().err, names, suggests, scratch)
+
+
+@pytest.mark.parametrize("n", [0, 4, 10, 21, 28])
+def test_as_the_program_too(scratch, clean_env, n):
+    line, names, suggests = MISTAKES[n]
+    env = {k: v for k, v in os.environ.items() if k not in ("BUILDKITE", "GITHUB_ACTIONS", "LANEKEEPER_ROOT")}
+    args = [a.replace("{t}", str(scratch)) for a in line.split()]
+    run = subprocess.run([sys.executable, "-m", "ci.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                         env=env, timeout=120)
+    _check(run.returncode, run.stderr + ("Traceback" if "Traceback" in run.stdout else ""), names, suggests, scratch)

@@ -63,5 +63,6 @@ def test_timing_rows_merge_by_what(tmp_path, monkeypatch):
     results.record_timings(str(path), [{"what": "a", "command": "x", "seconds": 3}])
     doc = results.load(str(path))
     assert {r["what"]: r["seconds"] for r in doc["rows"]} == {"a": 3, "b": 2} and "abc123" in results.timing_table(doc)
+    assert {r["commit"] for r in doc["rows"]} == {"abc123"}
     with pytest.raises(ValueError, match="lacks seconds"):
         results.record_timings(str(path), [{"what": "c", "command": "z"}])
