@@ -127,29 +127,29 @@ class Graph:
             return [p.relative_to(self.root).as_posix() for p in sorted(path.rglob("*")) if p.is_file()]
         return []
 
-    def starts(self, lane: Lane) -> dict[str, tuple[str, ...]]:
-        """The lane's own files: its tests, the conftest.py files above them, the plugin."""
-        out: dict[str, tuple[str, ...]] = {}
+    def starts(self, lane: Lane) -> dict[str, str]:
+        """The lane's own files (its tests, the conftest.py files above them, the plugin), each with why."""
+        out: dict[str, str] = {}
         for entry in lane.paths:
             path = (self.root / entry.split("::")[0])
             files = sorted(path.rglob("*.py")) if path.is_dir() else [path] if path.is_file() else []
             for f in files:
-                out.setdefault(f.relative_to(self.root).as_posix(), (f"test path {entry}",))
+                out.setdefault(f.relative_to(self.root).as_posix(), f"test path {entry}")
             for parent in [path, *path.parents]:
                 if parent == self.root.parent:
                     break
                 if (parent / "conftest.py").is_file():
-                    out.setdefault((parent / "conftest.py").relative_to(self.root).as_posix(), ("conftest above it",))
+                    out.setdefault((parent / "conftest.py").relative_to(self.root).as_posix(), "conftest above it")
         for module in sorted(m for m in self.modules if m == PLUGIN or m.startswith(PLUGIN + ".")):
-            out.setdefault(self.file(module), ("the pytest plugin",))
+            out.setdefault(self.file(module), "the pytest plugin")
         for name in ALWAYS:
             if (self.root / name).is_file():
-                out.setdefault(name, ("configures every pytest run",))
+                out.setdefault(name, "configures every pytest run")
         return out
 
     def deps(self, lane: Lane) -> dict[str, Dep]:
         """Every file the lane depends on, with the chain that reaches it."""
-        found = {path: Dep(path, (f"{path} ({why})",)) for path, (why,) in self.starts(lane).items() if path}
+        found = {path: Dep(path, (f"{path} ({why})",)) for path, why in self.starts(lane).items() if path}
         queue = list(found)
         while queue:
             file = queue.pop(0)

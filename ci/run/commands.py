@@ -119,16 +119,15 @@ def cmd_report(args) -> int:
     cases = [c for path in files for c in junit.parse(path)]
     summary = report.summarize(cases, find_checkout() or Path.cwd())
     stall_reports = [Path(p).parent / "stall-report.md" for p in files if (Path(p).parent / "stall-report.md").exists()]
-    text = None
+    runs = list(records.values())
     if args.annotate:   # Buildkite serves uploaded artifacts at artifact:// links inside annotations
         text = report.render(summary, "markdown", report.run_notes(
-            list(records.values()), [f"[stall report: {r.parent.name}](artifact://{r})" for r in stall_reports]))
+            runs, [f"[stall report: {r.parent.name}](artifact://{r})" for r in stall_reports]))
         skipped = annotate(text, report.annotation_style(summary))
         if skipped:
             print(f"lanekeeper: annotation skipped: {skipped}; the report follows", file=sys.stderr)
-            text = None
-    if text is None:
-        text = report.render(summary, args.format, report.run_notes(list(records.values()), list(map(str, stall_reports))))
+    if not args.annotate or skipped:
+        text = report.render(summary, args.format, report.run_notes(runs, list(map(str, stall_reports))))
     sys.stdout.write(text)
     return 1 if report.red(summary) and not args.exit_zero else 0
 
