@@ -6,14 +6,17 @@ reference path) and each other (runner, graphs) combination, on one device and d
 On CPU in float32 the codes are identical (the test suite holds that).  In bf16 on a GPU,
 batched kernels round differently from unbatched ones, and one flipped argmax changes
 every frame after it; this prints how far the codes agree: whole requests, and frames
-up to each request's first difference.
+up to each request's first difference.  The last row is runner v2 with graphs on the eager
+kernels (engine/models/kernels.py off): fused against unfused on the same requests.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import numpy as np
 
+from engine.models import kernels
 from engine.profile.resolve import resolve
 from engine.stage.messages import Codes
 from engine.request import SpeechRequest
@@ -47,10 +50,11 @@ def main() -> None:
                 for i in range(args.batch)]
     ref = greedy_codes(args, "v1", True, requests)
     print(f"{args.preset} {args.dtype} on {args.platform}, {len(requests)} greedy requests, against runner v1 eager\n")
-    print("| runner | graphs | identical requests | frames before first difference | identical codes |")
-    print("| --- | --- | --- | --- | --- |")
-    for runner, eager in (("v1", False), ("v2", True), ("v2", False)):
-        got = greedy_codes(args, runner, eager, requests)
+    print("| runner | graphs | kernels | identical requests | frames before first difference | identical codes |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for runner, eager, fused in (("v1", False, True), ("v2", True, True), ("v2", False, True), ("v2", False, False)):
+        with contextlib.nullcontext() if fused else kernels.unfused():
+            got = greedy_codes(args, runner, eager, requests)
         same = agree = total = codes_same = codes_total = 0
         for rid, want in ref.items():
             have = got[rid]
@@ -62,7 +66,7 @@ def main() -> None:
             total += len(want)
             codes_same += int((want[:n] == have[:n]).sum())
             codes_total += want.size
-        print(f"| {runner} | {'off' if eager else 'on'} | {same}/{len(ref)} | {agree}/{total} "
+        print(f"| {runner} | {'off' if eager else 'on'} | {'fused' if fused else 'eager'} | {same}/{len(ref)} | {agree}/{total} "
               f"({100 * agree / total:.0f} %) | {100 * codes_same / codes_total:.1f} % |", flush=True)
 
 

@@ -2,7 +2,8 @@
 
     python benchmarks/online_serving.py --runner v1 --runner v2 --concurrency 1 8 64
 
-Starts `lanekeeper serve` for each runner and reports, as vllm-omni's `bench serve`
+Each level is steady state (benchmarks/workload.py): C clients send the committed texts back to
+back for at least 10 x C requests and 30 s.  Starts `lanekeeper serve` for each runner and reports, as vllm-omni's `bench serve`
 does: TTFP (time to the first non-empty audio chunk) p50/p99, audio seconds produced
 per wall second, and mean RTF (latency / audio duration).  Prints a Markdown table, then
 where each stage's time went at each level, from the server's /metrics.
@@ -11,49 +12,49 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import time
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.profile.resolve import resolve
 from engine.serve.launcher import RemoteServer
-from results import percentile, record   # this script's folder is on sys.path when run
+from codec_cost import codec_cost   # this script's folder is on sys.path when run
+from results import record
+from workload import TEXTS, level_done, summarize
 
-SENTENCES = ["The talker emits one codec frame per step.", "Short reply.",
-             "Stage one decodes frames into audio with left context, chunk by chunk, as they arrive.",
-             "A medium length sentence for the benchmark."]
-
-
-async def one(client, url, i):
+async def one(client, url, text, i):
     t0 = time.perf_counter()
     first, size = None, 0
-    async with client.stream("POST", url, json={"input": SENTENCES[i % len(SENTENCES)], "response_format": "pcm",
+    async with client.stream("POST", url, json={"input": text, "response_format": "pcm",
                                                 "stream": True, "seed": i}) as r:
         r.raise_for_status()
         async for chunk in r.aiter_bytes():
             if chunk and first is None:
                 first = time.perf_counter() - t0
             size += len(chunk)
-    latency = time.perf_counter() - t0
-    audio_s = size / 2 / 24000
-    return first, latency, audio_s
+    return first, time.perf_counter() - t0, size / 2 / 24000
 
 
-async def run_level(url, concurrency, requests):
-    sem = asyncio.Semaphore(concurrency)
+async def run_level(url, concurrency, steady=True):
+    """C clients, each sending its next request as soon as the last one ends, until the level is
+    steady (workload.level_done); `steady=False` sends C requests once (a warm-up)."""
     limits = httpx.Limits(max_connections=concurrency + 4)
+    done, issued = [], 0
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        async def guarded(i):
-            async with sem:
-                return await one(client, url, i)
         t0 = time.perf_counter()
-        rows = await asyncio.gather(*(guarded(i) for i in range(requests)))
+
+        def more() -> bool:
+            return not level_done(issued, time.perf_counter() - t0, concurrency) if steady else issued < concurrency
+
+        async def client_loop():
+            nonlocal issued
+            while more():
+                i, issued = issued, issued + 1
+                done.append(await one(client, url, TEXTS[i % len(TEXTS)], i))
+        await asyncio.gather(*(client_loop() for _ in range(concurrency)))
         wall = time.perf_counter() - t0
-    ttfp = [1000 * r[0] for r in rows]
-    return {"requests": requests, "audio_s_per_s": sum(r[2] for r in rows) / wall,
-            "ttfp_p50_ms": percentile(ttfp, 0.5), "ttfp_p99_ms": percentile(ttfp, 0.99),
-            "rtf_mean": statistics.mean(r[1] / r[2] for r in rows)}
+    return summarize(done, wall)
 
 
 PARTS = [("0", "decode"), ("0", "admit"), ("0", "readback"), ("0", "handoff"), ("1", "decode")]
@@ -89,9 +90,13 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--json", help="also merge the rows into this results file (benchmarks/results.py)")
     args = ap.parse_args()
+    preset = resolve("qwen3_tts", platform=args.platform, overrides=args.overrides).config.model.preset
+    cost = codec_cost(preset)
+    print(f"{preset}: codec {cost['codec_gmac_per_audio_s']:.1f} GMAC per audio second, "
+          f"{cost['codec_params_m']:.1f}M parameters; {len(TEXTS)} texts\n")
     rows, where = [], []
-    print("| runner | concurrency | requests | audio-s/s | TTFP p50 ms | TTFP p99 ms | mean RTF |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| runner | concurrency | requests | mean in flight | audio-s/s | TTFP p50 ms | TTFP p99 ms | mean RTF |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for runner in args.runner or ["v1", "v2"]:
         extra = []
         eager = "true" if args.cuda_graph == "off" else "false"
@@ -99,15 +104,16 @@ def main() -> None:
             extra += ["--set", o]
         with RemoteServer(["--platform", args.platform, *extra]) as srv:
             url = srv.url + "/v1/audio/speech"
-            asyncio.run(run_level(url, 2, 4))   # warm-up
+            asyncio.run(run_level(url, 4, steady=False))   # warm-up
             for c in args.concurrency:
                 before, t0 = stage_counters(srv.url), time.perf_counter()
-                row = asyncio.run(run_level(url, c, max(8, 2 * c)))
+                row = asyncio.run(run_level(url, c))
                 time.sleep(1.5)   # one more heartbeat, so the counters cover the level's end
                 where.append(f"| {runner} | {c} | " + breakdown(before, stage_counters(srv.url), time.perf_counter() - t0))
-                rows.append({**row, "mode": "online", "runner": runner, "cuda_graph": args.cuda_graph, "concurrency": c})
-                print(f"| {runner} | {c} | {row['requests']} | {row['audio_s_per_s']:.1f} | {row['ttfp_p50_ms']:.0f} | "
-                      f"{row['ttfp_p99_ms']:.0f} | {row['rtf_mean']:.2f} |", flush=True)
+                rows.append({**row, **cost, "mode": "online", "runner": runner, "cuda_graph": args.cuda_graph,
+                             "concurrency": c})
+                print(f"| {runner} | {c} | {row['requests']} | {row['mean_in_flight']:.1f} | {row['audio_s_per_s']:.1f} | "
+                      f"{row['ttfp_p50_ms']:.0f} | {row['ttfp_p99_ms']:.0f} | {row['rtf_mean']:.2f} |", flush=True)
     print("\nWhere the stages' time went (share of each level's wall time):\n")
     print("| runner | concurrency | stage 0 decode | admit | readback | handoff | stage 1 decode | windows per pass |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")

@@ -1,11 +1,18 @@
 """Where a stage-0 frame step's time goes: the torch talker in this process, one batch of requests.
 
-    python benchmarks/profile_step.py --platform cuda --preset 0.6b --dtype bfloat16 --batch 64
+The pinned command, whose figures the README and benchmarks/results/h200.json quote:
+
+    python benchmarks/profile_step.py --platform cuda --preset 0.6b --dtype bfloat16 --batch 64 \
+        --max-len 4096 --gpu-util 0.3 --text-bytes 100 --runner v2 --json benchmarks/results/h200.json
 
 For each runner: the mean wall time of a frame step, then the same steps with a device sync around
 each phase (the running rows' frame; inside it, when not captured, codebook-0 sampling and the
 code predictor's 15 passes; the handoff), and the torch profiler's top operators by self device
 time and by self CPU time.  Prints Markdown; `--trace DIR` also writes Chrome traces.
+
+Kernels are counted from the profiler's device-side events, one per launch on the GPU: an
+eager operator and the kernel it launched are one kernel, and a kernel replayed from a CUDA
+graph is one too.  Copies and fills (memcpy, memset) are counted apart.
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ from engine.request import SpeechRequest
 from engine.stage0.process import make_talker
 from engine.stage0.talker import Talker
 from offline_matrix import model_args   # this script's folder is on sys.path when run
+from results import record_section
 
 
 class Inbox(list):
@@ -92,16 +100,27 @@ def timed_prefill(talker, k: int, repeats: int = 10) -> float:
     return (time.perf_counter() - t0) / repeats
 
 
+def device_work(prof, steps: int) -> dict[str, float]:
+    """Kernels, copies and device milliseconds a step, each device-side event counted once."""
+    device = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    copies = [e for e in device if e.name.startswith(("Memcpy", "Memset"))]
+    return {"kernels": (len(device) - len(copies)) / steps, "copies": len(copies) / steps,
+            "device_ms": sum(e.device_time_total for e in device) / steps / 1000}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     model_args(ap, text_bytes=100)
+    ap.set_defaults(batch=64)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--max-len", type=int, default=2048)
-    ap.add_argument("--gpu-util", type=float, default=0.9)
+    ap.add_argument("--max-len", type=int, default=4096)
+    ap.add_argument("--gpu-util", type=float, default=0.3)
     ap.add_argument("--eager", action="store_true")
     ap.add_argument("--runner", action="append")
     ap.add_argument("--trace", help="directory for Chrome traces")
+    ap.add_argument("--json", help="also write the frame step into this results file (benchmarks/results.py)")
     args = ap.parse_args()
+    summary = {}
     for runner in args.runner or ["v1", "v2"]:
         talker = talker_for(args, runner)
         fill(talker, args)
@@ -129,15 +148,20 @@ def main() -> None:
         if args.trace:
             prof.export_chrome_trace(f"{args.trace}/step-{runner}.json")
         if talker.backend.device.type == "cuda":
-            kernels = [e for e in prof.key_averages() if e.self_device_time_total > 0]
-            print(f"\n{sum(e.count for e in kernels) / 5:.0f} device operations a step, "
-                  f"{sum(e.self_device_time_total for e in kernels) / 5 / 1000:.2f} ms of device time")
+            counted = device_work(prof, 5)
+            print(f"\n{counted['kernels']:.0f} CUDA kernels a step, {counted['copies']:.0f} copies and fills, "
+                  f"{counted['device_ms']:.2f} ms of device time")
+            summary[runner] = {"step_ms": 1000 * step, "batch": len(talker.scheduler.running), **counted}
         for key in (["self_cuda_time_total"] if talker.backend.device.type == "cuda" else []) + ["self_cpu_time_total"]:
             print(f"\n### top operators by {key} (5 steps)\n")
             print(prof.key_averages().table(sort_by=key, row_limit=18, max_name_column_width=48))
         print("\n| prompts prefilled at once | ms |\n| --- | --- |")
         for k in [k for k in (1, 4, 16) if k <= len(talker.scheduler.running)]:
             print(f"| {k} | {1000 * timed_prefill(talker, k):.2f} |")
+    if args.json and summary:
+        record_section(args.json, "frame_step", {"preset": args.preset, "dtype": args.dtype, "max_len": args.max_len,
+                                                 "gpu_util": args.gpu_util, "text_bytes": args.text_bytes,
+                                                 "graphs": not args.eager, "runners": summary}, args.platform)
 
 
 if __name__ == "__main__":

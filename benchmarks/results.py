@@ -4,6 +4,9 @@ wall times on the CPU machine (`cpu_timing.py`, `lane_scaling.py --json`).
 The offline and online scripts each write their own rows into the same file: a row is
 keyed by mode, runner, graph mode and concurrency, a new run replaces the rows it
 measured and keeps the rest, and the header says on which GPU, at which commit, when.
+Every row carries its commit, its request count and its codec's cost, and the file
+holds one commit's rows: a run at another commit starts it over, so figures measured
+on different code are never shown side by side.
 """
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ from pathlib import Path
 import torch
 
 KEY = ("mode", "runner", "cuda_graph", "concurrency")
-FIELDS = KEY + ("audio_s_per_s", "ttfp_p50_ms", "ttfp_p99_ms", "rtf_mean")
+FIELDS = KEY + ("audio_s_per_s", "ttfp_p50_ms", "ttfp_p99_ms", "rtf_mean", "requests", "mean_in_flight",
+                "codec_gmac_per_audio_s", "commit")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -44,34 +48,56 @@ def commit() -> str:
     return head + ("-dirty" if dirty else "")
 
 
+def _doc_for(path: str, platform_name: str | None, measured_at: str) -> dict:
+    """The results file as it stands, or an empty one where it holds another device's or another
+    commit's figures: those are not ours to mix in."""
+    file = Path(path)
+    doc = json.loads(file.read_text()) if file.exists() else {"rows": []}
+    if doc.get("gpu") not in (None, device_name(platform_name)) or doc.get("commit") not in (None, measured_at):
+        doc = {"rows": []}
+    return doc
+
+
+def _write(path: str, doc: dict, platform_name: str | None, measured_at: str) -> None:
+    doc.update(gpu=device_name(platform_name), commit=measured_at,
+               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(doc, indent=2) + "\n")
+
+
 def record(path: str, rows: list[dict], platform_name: str | None) -> None:
-    """Merge these rows into the file at path (made if missing)."""
+    """Merge these rows, stamped with this commit, into the file at path (made if missing)."""
+    measured_at = commit()
+    rows = [{**row, "commit": measured_at} for row in rows]
     for row in rows:
         missing = [f for f in FIELDS if f not in row]
         if missing:
             raise ValueError(f"benchmark row lacks {', '.join(missing)}: {row}")
-    file = Path(path)
-    doc = json.loads(file.read_text()) if file.exists() else {"rows": []}
-    gpu = device_name(platform_name)
-    if doc.get("gpu") not in (None, gpu):   # another device's figures are not ours to mix in
-        doc = {"rows": []}
+    doc = _doc_for(path, platform_name, measured_at)
     new = {tuple(r[k] for k in KEY): {f: r[f] for f in FIELDS} for r in rows}
     kept = [r for r in doc["rows"] if tuple(r[k] for k in KEY) not in new]
-    merged = sorted(kept + list(new.values()), key=lambda r: (r["mode"], r["runner"], r["cuda_graph"], r["concurrency"]))
-    doc = {"gpu": gpu, "commit": commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "rows": merged}
-    file.parent.mkdir(parents=True, exist_ok=True)
-    file.write_text(json.dumps(doc, indent=2) + "\n")
+    doc["rows"] = sorted(kept + list(new.values()), key=lambda r: tuple(r[k] for k in KEY))
+    _write(path, doc, platform_name, measured_at)
+
+
+def record_section(path: str, name: str, value: dict, platform_name: str | None) -> None:
+    """Set one named section beside the rows (the frame step, the codec's parity), at this commit."""
+    measured_at = commit()
+    doc = _doc_for(path, platform_name, measured_at)
+    doc[name] = {**value, "commit": measured_at}
+    _write(path, doc, platform_name, measured_at)
 
 
 def table(doc: dict) -> str:
     """The rows as the README shows them."""
     lines = [f"{doc['gpu']}, commit {doc['commit'][:12]}, {doc['date']}", "",
-             "| mode | runner | graphs | concurrency | audio-s/s | TTFP p50 ms | TTFP p99 ms | mean RTF |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| mode | runner | graphs | concurrency | requests | mean in flight | audio-s/s | TTFP p50 ms | "
+             "TTFP p99 ms | mean RTF | codec GMAC/audio-s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in doc["rows"]:
-        lines.append(f"| {r['mode']} | {r['runner']} | {r['cuda_graph']} | {r['concurrency']} | "
-                     f"{r['audio_s_per_s']:.1f} | {r['ttfp_p50_ms']:.0f} | {r['ttfp_p99_ms']:.0f} | {r['rtf_mean']:.2f} |")
+        lines.append(f"| {r['mode']} | {r['runner']} | {r['cuda_graph']} | {r['concurrency']} | {r['requests']} | "
+                     f"{r['mean_in_flight']:.1f} | {r['audio_s_per_s']:.1f} | {r['ttfp_p50_ms']:.0f} | "
+                     f"{r['ttfp_p99_ms']:.0f} | {r['rtf_mean']:.2f} | {r['codec_gmac_per_audio_s']:.1f} |")
     return "\n".join(lines)
 
 

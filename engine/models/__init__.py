@@ -11,7 +11,7 @@ from safetensors import safe_open
 from engine.errors import UserError
 from engine.models.code2wav import CodecDecoder
 from engine.models.talker import CodePredictor, Talker
-from engine.models.presets import PRESETS, Preset
+from engine.models.presets import CODEBOOK_SIZE, CODEBOOKS, PRESETS, Preset
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -52,18 +52,30 @@ def build_models(preset: str = "tiny", seed: int = 0, checkpoint: str | None = N
         # Random init gives the talker near-uniform logits; widen them so sampling has a shape.
         if "talker" in built:
             built["talker"].codec_head.weight.mul_(8.0)
-        # Scale the codec's last conv so seeded audio has speech-like level, and make each
-        # tap set sum to zero so the output carries no DC offset.
         if "codec" in built:
-            w = built["codec"].out.conv.weight
-            w.sub_(w.mean(-1, keepdim=True)).mul_(40.0)
-            built["codec"].out.conv.bias.zero_()
+            speech_level(built["codec"])
     synthetic = True
     if checkpoint:
         synthetic = load_checkpoint(checkpoint, built)
     for m in built.values():
         m.to(device=device, dtype=DTYPES[dtype]).eval().requires_grad_(False)
     return Models(shape, built.get("talker"), built.get("code_predictor"), built.get("codec"), synthetic)
+
+
+def speech_level(codec: CodecDecoder, rms: float = 0.15) -> None:
+    """Scale seeded weights' output conv so the audio has a speech-like level, measured on a probe
+    decode (the level reaching it differs by orders of magnitude between presets), and make each tap
+    set sum to zero so the output carries no DC offset."""
+    conv = codec.out.conv
+    conv.weight.sub_(conv.weight.mean(-1, keepdim=True))
+    conv.bias.zero_()
+    levels = []
+    hook = conv.register_forward_hook(lambda module, args, out: levels.append(out.pow(2).mean().sqrt()))
+    try:
+        codec(torch.randint(0, CODEBOOK_SIZE, (1, 8, CODEBOOKS), generator=torch.Generator().manual_seed(0)))
+    finally:
+        hook.remove()
+    conv.weight.mul_(rms / levels[0])
 
 
 def save_checkpoint(models: Models, path: str | Path) -> None:

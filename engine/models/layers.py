@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.models import kernels
 from engine.models.presets import DecoderShape
 
 
@@ -49,29 +50,34 @@ def rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Te
     return torch.addcmul(x * cos, torch.cat((x2, x1), dim=-1), sin)
 
 
+def add_linear(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """residual + x @ weight.T as one matrix product that adds as it writes (one launch, not two)."""
+    out = torch.addmm(residual.reshape(-1, residual.shape[-1]), x.reshape(-1, x.shape[-1]), weight.t())
+    return out.view(residual.shape)
+
+
 class Attention(nn.Module):
     def __init__(self, shape: DecoderShape, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
         self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
-        self.q_proj = nn.Linear(shape.hidden, shape.heads * shape.head_dim, bias=False)
-        self.k_proj = nn.Linear(shape.hidden, shape.kv_heads * shape.head_dim, bias=False)
-        self.v_proj = nn.Linear(shape.hidden, shape.kv_heads * shape.head_dim, bias=False)
+        # q, k and v in one matrix product: a frame step runs 103 layer passes, each a launch saved
+        self.qkv_proj = nn.Linear(shape.hidden, (shape.heads + 2 * shape.kv_heads) * shape.head_dim, bias=False)
         self.o_proj = nn.Linear(shape.heads * shape.head_dim, shape.hidden, bias=False)
         self.q_norm = RMSNorm(shape.head_dim)
         self.k_norm = RMSNorm(shape.head_dim)
 
-    def forward(self, x, rope, cache):
+    def forward(self, x, rope, cache, residual):
+        """residual + attention(x)."""
         b, s, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, s, self.heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).view(b, s, self.kv_heads, self.head_dim))
-        v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(x).view(b, s, -1, self.head_dim).split((self.heads, self.kv_heads, self.kv_heads), 2)
+        q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotate(torch.cat((q, k), 2), rope).split((self.heads, self.kv_heads), 2)   # one rotation for both
         keys, values, mask = cache.update(self.layer_idx, k, v)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
             attn_mask=mask.unsqueeze(1), enable_gqa=self.heads != self.kv_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+        return add_linear(residual, out.transpose(1, 2).reshape(b, s, -1), self.o_proj.weight)
 
 
 class SwiGLU(nn.Module):
@@ -80,9 +86,12 @@ class SwiGLU(nn.Module):
         self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down = nn.Linear(intermediate, hidden, bias=False)
 
-    def forward(self, x):
+    def forward(self, x, residual):
+        """residual + SwiGLU(x)."""
+        if kernels.use(x):
+            return add_linear(residual, kernels.swiglu(self.gate_up(x)), self.down.weight)
         gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up)
+        return add_linear(residual, F.silu(gate) * up, self.down.weight)
 
 
 class DecoderLayer(nn.Module):
@@ -94,8 +103,8 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(shape.hidden, shape.intermediate)
 
     def forward(self, x, rope, cache):
-        x = x + self.attn(self.input_norm(x), rope, cache)
-        return x + self.mlp(self.post_norm(x))
+        x = self.attn(self.input_norm(x), rope, cache, residual=x)
+        return self.mlp(self.post_norm(x), residual=x)
 
 
 class Decoder(nn.Module):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.models import kernels
 from engine.models.graphs import capturing
 from engine.models.presets import CODEBOOK_SIZE, CODEBOOKS, CODEC_VOCAB, CODEC_EOS
 
@@ -174,6 +175,8 @@ class SlotSampling:
         return token
 
     def draw(self, logits: torch.Tensor, rows: torch.Tensor, codebook: int) -> torch.Tensor:
+        if kernels.use(logits):   # one kernel, no sort, for any mix of requests: captured or not
+            return kernels.sample(logits, rows, self.temperature, self.top_k, self.top_p, self.u, codebook)
         hints = {}
         if not capturing():   # eager: only what the admitted requests need (a graph must serve any of them)
             vocab = logits.shape[-1]

@@ -26,7 +26,8 @@ from engine.stage.stats import Code2WavStats
 
 MAX_ROWS = 32                      # windows in one codec pass
 ROWS = [1, 2, 4, 8, 16, MAX_ROWS]  # on CUDA, passes are captured for these row counts...
-LENGTHS = [32, 64, 128]            # ...and frame lengths (a streamed window with its context fits 128)
+LENGTHS = [32, 64, 128]            # ...and frame lengths (a streamed window with its context fits 128),
+                                   # and the streamed window's own: left context plus a chunk
 
 
 @dataclass
@@ -50,7 +51,11 @@ class Code2Wav:
         self.device = device_for(profile, self.stage)
         self.codec = build_models(cfg.model.preset, cfg.model.seed, cfg.model.checkpoint, cfg.model.dtype,
                                   str(self.device), parts=("codec",)).codec
-        self.left_context = profile.connector().codec_left_context_frames
+        connector = profile.connector()
+        self.left_context = connector.codec_left_context_frames
+        # a steady stream's windows are all context + chunk long: a bucket of exactly that decodes no padding
+        steady = self.left_context + connector.codec_chunk_frames
+        self.lengths = sorted({*LENGTHS, steady}) if steady < LENGTHS[-1] else LENGTHS
         if self.codec.shape.receptive_field > self.left_context:
             print(f"code2wav: left context {self.left_context} < receptive field "
                   f"{self.codec.shape.receptive_field}; chunk edges will differ from a whole decode", flush=True)
@@ -59,7 +64,7 @@ class Code2Wav:
             self.codes_in = torch.zeros(ROWS[-1], LENGTHS[-1], CODEBOOKS, dtype=torch.long, device=self.device)
             self.first_in = torch.zeros(ROWS[-1], dtype=torch.long, device=self.device)
             self.pool = GraphPool(lambda rows, t: self.codec(self.codes_in[:rows, :t], first_position=self.first_in[:rows]),
-                                  [(rows, t) for rows in ROWS for t in LENGTHS], self.device)
+                                  [(rows, t) for rows in ROWS for t in self.lengths], self.device)
         self.out_q = out_q
         self.codes: dict[str, np.ndarray] = {}
         self.chunks: dict[str, int] = {}
@@ -123,7 +128,7 @@ class Code2Wav:
         out: dict[int, np.ndarray] = {}
         todo = sorted((j for j in jobs if len(j.window.codes)), key=lambda j: len(j.codes))
         while todo:
-            bucket = padded(LENGTHS, len(todo[0].codes)) if self.pool else None   # a captured length
+            bucket = padded(self.lengths, len(todo[0].codes)) if self.pool else None   # a captured length
             limit = bucket or 2 * len(todo[0].codes)
             group = [j for j in todo[:MAX_ROWS] if len(j.codes) <= limit]
             todo = todo[len(group):]
@@ -144,7 +149,7 @@ class Code2Wav:
     def _codec_pass(self, codes: list[np.ndarray], starts: list[int], t: int) -> np.ndarray:
         """Audio [rows, t * 1920] for these frame arrays, right-padded to t: a captured graph's replay
         when one fits (rows padded to a captured count), else an eager pass."""
-        rows = padded(ROWS, len(codes)) if self.pool and t in LENGTHS else None
+        rows = padded(ROWS, len(codes)) if self.pool and t in self.lengths else None
         batch = np.zeros((rows or len(codes), t, codes[0].shape[1]), dtype=np.int64)
         for b, c in enumerate(codes):
             batch[b, :len(c)] = c

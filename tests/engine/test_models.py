@@ -53,8 +53,21 @@ def test_a_right_padded_batch_decodes_each_row_as_alone(codec):
 
 
 def test_receptive_field_fits_left_context():
-    for preset in PRESETS.values():
-        assert preset.codec.receptive_field <= 72, preset.name
+    """tiny streams exactly; 0.6b, like the real decoder, hears further back than the shipped context."""
+    assert PRESETS["tiny"].codec.receptive_field <= 72 < PRESETS["0.6b"].codec.receptive_field
+
+
+def test_receptive_field_is_where_the_audio_stops_changing(codec):
+    """The computed reach is the measured one: changing the frame just beyond it leaves a frame's samples
+    alone, changing the frame at its edge does not."""
+    reach, t = codec.shape.receptive_field, codec.shape.receptive_field + 4
+    codes = torch.randint(0, 2048, (1, t, 16))
+    first = (t - 1) * SAMPLES_PER_FRAME
+    base = codec(codes)[0, first:first + 1]
+    for back, changes in ((reach + 1, False), (reach, True)):
+        other = codes.clone()
+        other[0, t - 1 - back] = (other[0, t - 1 - back] + 1) % 2048
+        assert bool((codec(other)[0, first:first + 1] - base).abs().max() > 0) == changes, back
 
 
 def test_too_little_context_changes_audio(codec):

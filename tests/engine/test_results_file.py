@@ -13,7 +13,8 @@ _spec.loader.exec_module(results)
 
 def _row(mode="online", runner="v2", concurrency=1, value=1.0):
     return {"mode": mode, "runner": runner, "cuda_graph": "on", "concurrency": concurrency,
-            "audio_s_per_s": value, "ttfp_p50_ms": 10.0, "ttfp_p99_ms": 20.0, "rtf_mean": 0.5, "requests": 8}
+            "audio_s_per_s": value, "ttfp_p50_ms": 10.0, "ttfp_p99_ms": 20.0, "rtf_mean": 0.5, "requests": 8,
+            "mean_in_flight": 0.9, "codec_gmac_per_audio_s": 31.0, "wall_s": 3.0}
 
 
 def test_a_run_replaces_the_rows_it_measured_and_keeps_the_rest(tmp_path, monkeypatch):
@@ -25,8 +26,18 @@ def test_a_run_replaces_the_rows_it_measured_and_keeps_the_rest(tmp_path, monkey
     assert doc["commit"] == "abc123" and doc["gpu"].startswith("cpu") and doc["date"]
     keys = {(r["mode"], r["concurrency"]): r for r in doc["rows"]}
     assert set(keys) == {("online", 1), ("online", 64), ("offline", 64)}
-    assert keys[("online", 1)]["audio_s_per_s"] == 2.0 and "requests" not in keys[("online", 1)]
-    assert "abc123" in results.table(doc)
+    assert keys[("online", 1)]["audio_s_per_s"] == 2.0 and "wall_s" not in keys[("online", 1)]
+    assert {r["commit"] for r in doc["rows"]} == {"abc123"} and "abc123" in results.table(doc)
+
+
+def test_a_run_at_another_commit_starts_the_file_over(tmp_path, monkeypatch):
+    path = tmp_path / "r.json"
+    monkeypatch.setenv("LANEKEEPER_COMMIT", "abc123")
+    results.record(str(path), [_row(), _row(concurrency=64)], "cpu")
+    monkeypatch.setenv("LANEKEEPER_COMMIT", "def456")
+    results.record(str(path), [_row(concurrency=128)], "cpu")
+    doc = json.loads(path.read_text())
+    assert [(r["concurrency"], r["commit"]) for r in doc["rows"]] == [(128, "def456")]
 
 
 def test_a_row_without_a_field_is_refused_by_name(tmp_path):
@@ -38,14 +49,17 @@ def test_a_row_without_a_field_is_refused_by_name(tmp_path):
 
 
 def test_the_committed_h200_file_has_every_required_row():
+    """Online v2 at C1, C64 and C128 and v1 at C1 and C64, all from one commit, each a steady level
+    (at least 10 x C requests) of the real-cost codec."""
     doc = json.loads((ROOT / "benchmarks" / "results" / "h200.json").read_text())
     assert "H200" in doc["gpu"] and len(doc["commit"]) >= 7
     have = {(r["mode"], r["runner"], r["concurrency"]) for r in doc["rows"]}
-    for runner in ("v1", "v2"):
-        for c in (1, 64, 128):
+    for runner, levels in (("v2", (1, 64, 128)), ("v1", (1, 64))):
+        for c in levels:
             assert ("online", runner, c) in have, (runner, c)
     for r in doc["rows"]:
-        assert set(results.FIELDS) <= set(r) and r["audio_s_per_s"] > 0
+        assert set(results.FIELDS) <= set(r) and r["audio_s_per_s"] > 0 and r["commit"] == doc["commit"]
+        assert r["requests"] >= 10 * r["concurrency"] and 24 <= r["codec_gmac_per_audio_s"] <= 36, r
 
 
 def test_the_readme_timings_are_the_committed_file():
