@@ -94,10 +94,12 @@ def table(doc: dict) -> str:
              "| mode | runner | graphs | concurrency | requests | mean in flight | audio-s/s | TTFP p50 ms | "
              "TTFP p99 ms | mean RTF | codec GMAC/audio-s |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in doc["rows"]:
-        lines.append(f"| {r['mode']} | {r['runner']} | {r['cuda_graph']} | {r['concurrency']} | {r['requests']} | "
-                     f"{r['mean_in_flight']:.1f} | {r['audio_s_per_s']:.1f} | {r['ttfp_p50_ms']:.0f} | "
-                     f"{r['ttfp_p99_ms']:.0f} | {r['rtf_mean']:.2f} | {r['codec_gmac_per_audio_s']:.1f} |")
+    shown = [("requests", "d"), ("mean_in_flight", ".1f"), ("audio_s_per_s", ".1f"), ("ttfp_p50_ms", ".0f"),
+             ("ttfp_p99_ms", ".0f"), ("rtf_mean", ".2f"), ("codec_gmac_per_audio_s", ".1f")]
+    for r in doc["rows"]:   # a file written before a field existed shows "-" for it
+        cells = [r["mode"], r["runner"], r["cuda_graph"], str(r["concurrency"])]
+        cells += [format(r[f], spec) if f in r else "-" for f, spec in shown]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

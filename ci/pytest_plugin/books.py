@@ -50,6 +50,8 @@ def case_of(report) -> Case:
     diagnosis, task = diagnosis_of(report), task_of(report)
     if report.passed:
         return Case.from_nodeid(report.nodeid, "passed", "", task=task)
+    if report.skipped and hasattr(report, "wasxfail"):   # an expected failure: JUnit's "pytest.xfail" skip
+        return Case.from_nodeid(report.nodeid, "skipped", report.wasxfail.removeprefix("reason: "), task=task)
     if report.skipped:   # longrepr is (file, line, "Skipped: <reason>")
         return Case.from_nodeid(report.nodeid, "skipped", str(report.longrepr[2]).removeprefix("Skipped: "), task=task)
     crash = getattr(report.longrepr, "reprcrash", None)

@@ -27,3 +27,15 @@ def test_no_matrix_and_no_default_timeout_unless_asked(tmp_path):
     run = _run(tmp_path, "-q")
     assert "fixture 'cell' not found" in run.stdout, run.stdout
     assert "1 passed" in run.stdout
+
+
+def test_expected_failures_are_counted_as_pytest_counts_them(tmp_path):
+    (tmp_path / "test_known.py").write_text(
+        "import pytest\n\n\n@pytest.mark.xfail(reason='known', strict=True)\ndef test_known():\n    assert False\n\n\n"
+        "@pytest.mark.xfail(reason='fixed', strict=True)\ndef test_fixed():\n    pass\n\n\n"
+        "def test_fine():\n    pass\n")
+    run = _run(tmp_path, "--lk-report-dir", "reports")
+    assert "INTERNALERROR" not in run.stdout + run.stderr, run.stdout + run.stderr
+    assert run.returncode == 1   # the strict xfail that passed
+    summary = (tmp_path / "reports" / "matrix-summary.md").read_text()
+    assert "1 passed" in summary and "1 failed" in summary, summary
