@@ -10,6 +10,8 @@
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
@@ -25,6 +27,7 @@ def _mask(key_pos: torch.Tensor, q_pos: torch.Tensor, window: int | None = None)
 
 class CausalView:
     """Attend within the sequence itself; each row may start at its own position."""
+    in_place = False
 
     def __init__(self, positions: torch.Tensor, window: int | None = None):
         self.mask = _mask(positions, positions, window)
@@ -45,6 +48,8 @@ class RequestKV:
 
 
 class DynamicView:
+    in_place = False
+
     def __init__(self, caches: list[RequestKV], positions: torch.Tensor):
         self.caches = caches
         self.positions = positions
@@ -77,20 +82,29 @@ class StaticKV:
 
 class StaticView:
     """Rows of the static buffers; row b's queries sit at positions[b].  `slots` is the first of B
-    consecutive rows (a decode step: the persistent batch, read as a slice) or a tensor of B rows (a
-    batch of prefills, read by gathering)."""
+    consecutive rows (a decode step: the persistent batch, read as a slice, which the fused decode kernel
+    also reads and writes in place) or a tensor of B rows (a batch of prefills, read by gathering).
+    The rows and mask the eager path needs are made when it first asks: the fused path needs neither."""
 
     def __init__(self, kv: StaticKV, slots: int | torch.Tensor, positions: torch.Tensor, key_len: int):
-        b, s = positions.shape
-        self.kv, self.key_len = kv, key_len
-        if isinstance(slots, int):
-            self.read = slice(slots, slots + b)
-            slots = torch.arange(b, device=positions.device) + slots
-        else:
-            self.read = slots
-        self.rows = slots[:, None].expand(b, s)
-        self.positions = positions
-        self.mask = _mask(kv.key_pos[:key_len], positions)
+        self.kv, self.key_len, self.positions = kv, key_len, positions
+        b = positions.shape[0]
+        self.read = slice(slots, slots + b) if isinstance(slots, int) else slots
+        self.in_place = isinstance(slots, int)
+
+    @functools.cached_property
+    def rows(self) -> torch.Tensor:
+        b, s = self.positions.shape
+        slots = self.read if not self.in_place else torch.arange(b, device=self.positions.device) + self.read.start
+        return slots[:, None].expand(b, s)
+
+    @functools.cached_property
+    def mask(self) -> torch.Tensor:
+        return _mask(self.kv.key_pos[:self.key_len], self.positions)
+
+    def buffers(self, layer) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's key and value buffers, [slots, positions, kv_heads, head_dim]."""
+        return self.kv.k[layer], self.kv.v[layer]
 
     def update(self, layer, k, v):
         self.kv.k[layer].index_put_((self.rows, self.positions), k)

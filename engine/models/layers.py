@@ -8,6 +8,8 @@ share every layer.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -37,15 +39,29 @@ class Rotary(nn.Module):
         self.register_buffer("cos", torch.cat((freqs.cos(), freqs.cos()), -1), persistent=False)
         self.register_buffer("sin", torch.cat((-freqs.sin(), freqs.sin()), -1), persistent=False)
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [B, S, 1, D] at positions [B, S]: looked up once a pass, shared by every layer."""
-        return self.cos[positions].unsqueeze(2).to(dtype), self.sin[positions].unsqueeze(2).to(dtype)
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> "Rope":
+        return Rope(self, positions, dtype)
 
 
-def rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+class Rope:
+    """One pass's rotary angles.  The eager path looks them up at the positions once, when the first layer
+    asks, and every layer shares them; the fused decode kernel reads the tables itself."""
+
+    def __init__(self, rotary: Rotary, positions: torch.Tensor, dtype: torch.dtype):
+        self.tables = (rotary.cos, rotary.sin)
+        self.positions, self.dtype = positions, dtype
+
+    @functools.cached_property
+    def at_positions(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [B, S, 1, D] at positions [B, S]."""
+        cos, sin = self.tables
+        return cos[self.positions].unsqueeze(2).to(self.dtype), sin[self.positions].unsqueeze(2).to(self.dtype)
+
+
+def rotate(x: torch.Tensor, rope: Rope) -> torch.Tensor:
     """x [B, S, H, D] turned by its positions' angles: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), in
     three kernels (a frame step rotates a hundred times over)."""
-    cos, sin = rope
+    cos, sin = rope.at_positions
     x1, x2 = x.chunk(2, dim=-1)
     return torch.addcmul(x * cos, torch.cat((x2, x1), dim=-1), sin)
 
@@ -70,7 +86,14 @@ class Attention(nn.Module):
     def forward(self, x, rope, cache, residual):
         """residual + attention(x)."""
         b, s, _ = x.shape
-        q, k, v = self.qkv_proj(x).view(b, s, -1, self.head_dim).split((self.heads, self.kv_heads, self.kv_heads), 2)
+        qkv = self.qkv_proj(x)
+        if kernels.use(x) and cache.in_place:   # a decode step over static buffers: two kernels
+            keys, values = cache.buffers(self.layer_idx)
+            out = kernels.decode_attention(qkv, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, rope.tables,
+                                           keys, values, cache.read.start, cache.positions, cache.key_len,
+                                           self.heads, self.kv_heads)
+            return add_linear(residual, out, self.o_proj.weight)
+        q, k, v = qkv.view(b, s, -1, self.head_dim).split((self.heads, self.kv_heads, self.kv_heads), 2)
         q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotate(torch.cat((q, k), 2), rope).split((self.heads, self.kv_heads), 2)   # one rotation for both
         keys, values, mask = cache.update(self.layer_idx, k, v)

@@ -109,10 +109,8 @@ class ModelRunner:
         tokens = [c0]
         for j in range(1, CODEBOOKS):
             hid = self.cp_pool(pooled, j)[:b] if pooled else self.cp_pass(b, j)
-            token = self.sampling.draw(self.cp.logits(j, hid), rows, j)
-            tokens.append(token)
-            if j < CODEBOOKS - 1:
-                self.cp_in[:b, j + 1] = self.cp.embed(j, token)
+            embed = (self.cp.embeds[j - 1], self.cp_in[:b, j + 1]) if j < CODEBOOKS - 1 else None   # next input
+            tokens.append(self.sampling.draw(self.cp.logits(j, hid), rows, j, embed))
         return torch.stack(tokens, 1)
 
     def cp_pass(self, b: int, j: int) -> torch.Tensor:

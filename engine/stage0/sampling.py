@@ -174,12 +174,19 @@ class SlotSampling:
         self.seen.index_put_((rows, token), self.true)
         return token
 
-    def draw(self, logits: torch.Tensor, rows: torch.Tensor, codebook: int) -> torch.Tensor:
+    def draw(self, logits: torch.Tensor, rows: torch.Tensor, codebook: int,
+             embed: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """A token for each row; with embed (table, into), each token's table row is written to into, where
+        the next code-predictor pass reads its input (the fused kernel does both at once)."""
         if kernels.use(logits):   # one kernel, no sort, for any mix of requests: captured or not
-            return kernels.sample(logits, rows, self.temperature, self.top_k, self.top_p, self.u, codebook)
+            return kernels.sample(logits, rows, self.temperature, self.top_k, self.top_p, self.u, codebook, embed)
         hints = {}
         if not capturing():   # eager: only what the admitted requests need (a graph must serve any of them)
             vocab = logits.shape[-1]
             hints = {"kmax": vocab if self.max_k is None else min(self.max_k, vocab), "nucleus": self.nucleus}
-        return sample(logits, self.temperature[rows], self.top_k[rows], self.top_p[rows], self.u[rows, codebook],
-                      **hints)
+        token = sample(logits, self.temperature[rows], self.top_k[rows], self.top_p[rows], self.u[rows, codebook],
+                       **hints)
+        if embed is not None:
+            table, into = embed
+            into.copy_(table[token])
+        return token

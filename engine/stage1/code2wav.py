@@ -61,6 +61,9 @@ class Code2Wav:
                   f"{self.codec.shape.receptive_field}; chunk edges will differ from a whole decode", flush=True)
         self.pool = None
         if self.device.type == "cuda" and not profile.stage(0).enforce_eager:   # the engine's graph mode
+            # the codec's convolutions run at a few fixed shapes, each warmed up before its capture: cuDNN
+            # may time its algorithms for them once (this process runs nothing else)
+            torch.backends.cudnn.benchmark = True
             self.codes_in = torch.zeros(ROWS[-1], LENGTHS[-1], CODEBOOKS, dtype=torch.long, device=self.device)
             self.first_in = torch.zeros(ROWS[-1], dtype=torch.long, device=self.device)
             self.pool = GraphPool(lambda rows, t: self.codec(self.codes_in[:rows, :t], first_position=self.first_in[:rows]),

@@ -5,6 +5,7 @@ under Triton's interpreter (which must be switched on before Triton is first imp
 
     TRITON_INTERPRET=1 python -m tests.helpers.kernel_checks snake
 """
+import contextlib
 import sys
 
 import torch
@@ -12,6 +13,9 @@ import torch.nn.functional as F
 
 from engine.models import build_models, kernels
 from engine.models.code2wav import SnakeBeta
+from engine.models.kv_cache import StaticKV
+from engine.models.layers import DecoderLayer, Rotary
+from engine.models.presets import DecoderShape
 from engine.stage0.sampling import sample
 
 
@@ -51,10 +55,41 @@ def sampling(device):
             u = torch.rand(slots, 16, generator=gen)
             rows = torch.randperm(slots, generator=gen)[:rows_n]
             args = [t.to(device) for t in (logits, rows, temperature, top_k, top_p, u)]
-            got = kernels.sample(*args, codebook=trial).cpu()
+            table = torch.randn(vocab, 24, device=device)
+            into = torch.zeros(rows_n, 2, 24, device=device)
+            got = kernels.sample(*args, codebook=trial, embed=(table, into[:, 1])).cpu()
             want = sample(logits, temperature[rows], top_k[rows], top_p[rows], u[rows, trial])
+            assert torch.equal(into[:, 1].cpu(), table[got].cpu()) and not into[:, 0].any()
             # CUDA sums the distribution in another order than the CPU: a draw on an edge may flip
             assert (got != want).sum() <= (1 if device.type == "cuda" else 0), (vocab, trial)
+
+
+def decode_attention(device):
+    """A layer's attention over static buffers, one step of rows at their own positions (one query each,
+    and two, as the code predictor's first pass runs), GQA: the fused kernels write the same keys and
+    values into the cache and return the same output as the eager path."""
+    shape = DecoderShape(hidden=96, layers=1, heads=4, kv_heads=2, head_dim=32, intermediate=64)
+    layer = DecoderLayer(shape, 0).to(device)
+    rotary = Rotary(shape.head_dim, shape.rope_theta, 512).to(device)
+    with torch.no_grad():
+        for w in (layer.attn.q_norm.weight, layer.attn.k_norm.weight):
+            w.uniform_(0.5, 1.5)
+    for steps, rows in ((1, 5), (2, 3)):
+        kv = StaticKV(1, 8, 300, shape.kv_heads, shape.head_dim, torch.float32, device)
+        kv.k.normal_(), kv.v.normal_()
+        first = torch.tensor([0, 7, 63, 64, 200][:rows], device=device)
+        positions = first[:, None] + torch.arange(steps, device=device)
+        x, residual = torch.randn(2, rows, steps, shape.hidden, device=device)
+        results = []
+        for fused in (False, True):
+            cache = StaticKV(1, 8, 300, shape.kv_heads, shape.head_dim, torch.float32, device)
+            cache.k.copy_(kv.k), cache.v.copy_(kv.v)
+            view = cache.view(2, positions, 256)
+            with torch.no_grad(), (contextlib.nullcontext() if fused else kernels.unfused()):
+                assert kernels.use(x) == fused
+                results.append((layer.attn(x, rotary(positions, x.dtype), view, residual), cache.k, cache.v))
+        for got, want in zip(results[1], results[0]):
+            torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
 
 
 def codec_pass(device):
@@ -65,7 +100,7 @@ def codec_pass(device):
     torch.testing.assert_close(codec(codes), want, rtol=1e-4, atol=1e-4)
 
 
-CHECKS = {f.__name__: f for f in (snake, swiglu, sampling, codec_pass)}
+CHECKS = {f.__name__: f for f in (snake, swiglu, sampling, decode_attention, codec_pass)}
 
 if __name__ == "__main__":
     torch.manual_seed(0)
