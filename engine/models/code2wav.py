@@ -24,13 +24,16 @@ from engine.models.presets import CODEBOOK_SIZE, CODEBOOKS, SAMPLES_PER_FRAME, C
 
 
 class CausalConv(nn.Module):
+    """A conv that sees only the present and the past.  The conv pads both ends itself and the outputs
+    past the input's end are dropped: the same samples as padding the left end first, without a padded
+    copy of the activation (the codec's widest are a hundred megabytes a pass)."""
+
     def __init__(self, cin: int, cout: int, kernel: int, dilation: int = 1, groups: int = 1):
         super().__init__()
-        self.pad = (kernel - 1) * dilation
-        self.conv = nn.Conv1d(cin, cout, kernel, dilation=dilation, groups=groups)
+        self.conv = nn.Conv1d(cin, cout, kernel, dilation=dilation, groups=groups, padding=(kernel - 1) * dilation)
 
     def forward(self, x):  # [B, C, T]
-        return self.conv(F.pad(x, (self.pad, 0)))
+        return self.conv(x)[..., :x.shape[-1]]
 
 
 class CausalUpsample(nn.Module):

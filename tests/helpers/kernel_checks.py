@@ -1,17 +1,26 @@
 """Checks of the fused kernels against the eager code they replace, on the same inputs.
 
 tests/engine/test_kernels.py runs each on CUDA where there is one, else in a child process
-under Triton's interpreter (which must be switched on before Triton is first imported):
+under Triton's interpreter (which must be switched on before Triton is first imported), and
+there records its launches, which another process compiles for an H100/H200 (sm_90):
 
-    TRITON_INTERPRET=1 python -m tests.helpers.kernel_checks snake
+    TRITON_INTERPRET=1 python -m tests.helpers.kernel_checks snake launches.json
+    python -m tests.helpers.kernel_checks --hopper launches.json
 """
 import contextlib
+import importlib
+import inspect
+import json
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from engine.models import build_models, kernels
+from engine.models.kernels import attention as kernel_attention, elementwise as kernel_elementwise, jit
+from engine.models.kernels import sampling as kernel_sampling
+from engine.models.kernels.jit import triton
 from engine.models.code2wav import SnakeBeta
 from engine.models.kv_cache import StaticKV
 from engine.models.layers import DecoderLayer, Rotary
@@ -102,6 +111,71 @@ def codec_pass(device):
 
 CHECKS = {f.__name__: f for f in (snake, swiglu, sampling, decode_attention, codec_pass)}
 
+# -- the same launches compiled for the GPU: what the interpreter cannot show (a kernel calling an
+# uncompiled helper, a loop variable that changes type) fails here, on a machine without one
+
+TRITON_TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "i64",
+                torch.int32: "i32", torch.bool: "i1"}
+
+
+def recorded_launches():
+    """Patches the kernel modules so that every launch is recorded (kernel, helpers, signature and
+    constants, as names and values) before it runs."""
+    launches = []
+
+    def recording(compiled):
+        def wrapped(fn, *helpers):
+            kernel = compiled(fn, *helpers)
+
+            class Launcher:
+                def __getitem__(self, grid):
+                    def launch(*args, **kwargs):
+                        names = list(inspect.signature(fn).parameters)
+                        constants = {k: v for k, v in kwargs.items() if k in names}
+                        signature = {name: _triton_type(arg) for name, arg in zip(names, args)}
+                        signature.update({name: "constexpr" for name in constants})
+                        launch = {"module": fn.__module__, "kernel": fn.__name__, "signature": signature,
+                                  "helpers": [getattr(h, "fn", h).__name__ for h in helpers], "constants": constants}
+                        if launch not in launches:
+                            launches.append(launch)
+                        return kernel[grid](*args, **kwargs)
+                    return launch
+            return Launcher()
+        return wrapped
+
+    for module in (kernel_attention, kernel_elementwise, kernel_sampling):
+        module.compiled = recording(module.compiled)
+    return launches
+
+
+def _triton_type(arg) -> str:
+    if isinstance(arg, torch.Tensor):
+        return "*" + TRITON_TYPES[arg.dtype]
+    if isinstance(arg, bool):
+        return "i1"
+    if isinstance(arg, int):
+        return "i32" if -2 ** 31 <= arg < 2 ** 31 else "i64"
+    return "fp32"
+
+
+def compile_for_hopper(launches: list[dict]) -> None:
+    """In a process where the interpreter never ran (it patches triton.language while it runs)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    for launch in launches:
+        module = importlib.import_module(launch["module"])
+        kernel = jit.compiled(getattr(module, launch["kernel"]), *(getattr(module, h) for h in launch["helpers"]))
+        source = ASTSource(fn=kernel, signature=launch["signature"], constexprs=launch["constants"])
+        assert triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm.get("cubin"), launch["kernel"]
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--hopper":   # compile the launches a check recorded
+        compile_for_hopper(json.loads(Path(sys.argv[2]).read_text()))
+        sys.exit()
     torch.manual_seed(0)
+    launches = recorded_launches()
     CHECKS[sys.argv[1]](torch.device("cpu"))
+    if len(sys.argv) > 2:
+        Path(sys.argv[2]).write_text(json.dumps(launches))
