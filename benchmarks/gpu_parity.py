@@ -7,7 +7,7 @@ On CPU in float32 the codes are identical (the test suite holds that).  In bf16 
 batched kernels round differently from unbatched ones, and one flipped argmax changes
 every frame after it; this prints how far the codes agree: whole requests, and frames
 up to each request's first difference.  The last row is runner v2 with graphs on the eager
-kernels (engine/models/kernels.py off): fused against unfused on the same requests.
+kernels (engine/models/kernels/ off): fused against unfused on the same requests.
 """
 from __future__ import annotations
 
