@@ -114,12 +114,12 @@ def main() -> None:
                              "concurrency": c})
                 print(f"| {runner} | {c} | {row['requests']} | {row['mean_in_flight']:.1f} | {row['audio_s_per_s']:.1f} | "
                       f"{row['ttfp_p50_ms']:.0f} | {row['ttfp_p99_ms']:.0f} | {row['rtf_mean']:.2f} |", flush=True)
+                if args.json:   # level by level: a run cut short keeps the levels it finished
+                    record(args.json, rows[-1:], args.platform)
     print("\nWhere the stages' time went (share of each level's wall time):\n")
     print("| runner | concurrency | stage 0 decode | admit | readback | handoff | stage 1 decode | windows per pass |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     print("\n".join(where))
-    if args.json:
-        record(args.json, rows, args.platform)
 
 
 if __name__ == "__main__":
