@@ -96,7 +96,7 @@ def decode_attention(device):
             view = cache.view(2, positions, 256)
             with torch.no_grad(), (contextlib.nullcontext() if fused else kernels.unfused()):
                 assert kernels.use(x) == fused
-                results.append((layer.attn(x, rotary(positions, x.dtype), view, residual), cache.k, cache.v))
+                results.append((layer.attn(x, rotary(positions, x.dtype), view, residual.clone()), cache.k, cache.v))
         for got, want in zip(results[1], results[0]):
             torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
 
