@@ -86,10 +86,10 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(shape.head_dim)
 
     def forward(self, x, rope, cache, residual):
-        """residual + attention(x)."""
+        """residual += attention(x), in place (add_linear)."""
         b, s, _ = x.shape
         qkv = self.qkv_proj(x)
-        if kernels.use(x) and cache.in_place:   # a decode step over static buffers: two kernels
+        if kernels.use(x) and cache.in_place:   # a decode step over static buffers: one kernel
             keys, values = cache.buffers(self.layer_idx)
             out = kernels.decode_attention(qkv, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, rope.tables,
                                            keys, values, cache.read.start, cache.positions, cache.key_len,
@@ -112,7 +112,7 @@ class SwiGLU(nn.Module):
         self.down = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x, residual):
-        """residual + SwiGLU(x)."""
+        """residual += SwiGLU(x), in place (add_linear)."""
         if kernels.use(x):
             return add_linear(residual, kernels.swiglu(self.gate_up(x)), self.down.weight)
         gate, up = self.gate_up(x).chunk(2, dim=-1)

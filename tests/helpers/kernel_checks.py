@@ -18,8 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.models import build_models, kernels
-from engine.models.kernels import attention as kernel_attention, elementwise as kernel_elementwise, jit
-from engine.models.kernels import sampling as kernel_sampling
+from engine.models.kernels import jit
 from engine.models.kernels.jit import triton
 from engine.models.code2wav import SnakeBeta
 from engine.models.kv_cache import StaticKV
@@ -143,8 +142,10 @@ def recorded_launches():
             return Launcher()
         return wrapped
 
-    for module in (kernel_attention, kernel_elementwise, kernel_sampling):
-        module.compiled = recording(module.compiled)
+    for name, module in list(sys.modules.items()):   # every kernel module: each holds jit's `compiled`
+        if name.startswith("engine.models.kernels.") and module is not jit \
+                and vars(module).get("compiled") is jit.compiled:
+            module.compiled = recording(jit.compiled)
     return launches
 
 
