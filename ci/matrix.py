@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from engine.profile.axes import CUDA_GRAPH, HANDOFFS, RUNNERS, axis_overrides, cell_id
 from engine.profile.schema import BACKENDS
 
-# Tests use short watchdog deadlines so that a stall turns red in seconds.
+# Tests use short watchdog deadlines so that a stall turns red in seconds.  They come first: a run's
+# own settings (--lk-set) are applied after them.
 TEST_WATCHDOG = ["watchdog.handoff_deadline_s=5", "watchdog.stage_deadline_s=10"]
 
 
@@ -19,6 +20,7 @@ class Cell:
     cuda_graph: str
     handoff: str
     backend: str = "torch"
+    settings: tuple[str, ...] = ()   # the run's own profile settings (pytest --lk-set), applied last
 
     @property
     def id(self) -> str:
@@ -27,7 +29,7 @@ class Cell:
     @property
     def overrides(self) -> list[str]:
         return axis_overrides(self.runner, self.cuda_graph, self.handoff, self.backend) + \
-            ([f"backend={self.backend}"] if self.backend != "torch" else [])
+            ([f"backend={self.backend}"] if self.backend != "torch" else []) + list(self.settings)
 
     @classmethod
     def from_id(cls, cell_id: str) -> "Cell":
@@ -44,5 +46,6 @@ def cell_in(test_id: str) -> str | None:
     return m.group(0) if m else None
 
 
-def cells(runners=RUNNERS, cuda_graphs=CUDA_GRAPH, handoffs=HANDOFFS, backend: str = "torch") -> list[Cell]:
-    return [Cell(r, g, h, backend) for r, g, h in itertools.product(runners, cuda_graphs, handoffs)]
+def cells(runners=RUNNERS, cuda_graphs=CUDA_GRAPH, handoffs=HANDOFFS, backend: str = "torch",
+          settings: tuple[str, ...] = ()) -> list[Cell]:
+    return [Cell(r, g, h, backend, settings) for r, g, h in itertools.product(runners, cuda_graphs, handoffs)]

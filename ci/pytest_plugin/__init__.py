@@ -18,6 +18,8 @@ Options
                          `profile:`); matrix cells override only their own axes on top of it
   --lk-backend torch|vllm   the stage-0 backend the matrix runs on; cells a backend cannot run here
                          are skipped with the backend's own reason
+  --lk-set KEY=VALUE        a profile setting (repeatable) every engine and server of the matrix applies
+                         on top of its cell, after the test watchdog
   --lk-report-dir DIR       where stall-report.{json,md} and matrix-summary.md go
   --lk-shard K/N            run only the K-th of N shards: whole matrix cells, other tests one by one,
                          balanced by test count, the same split whatever the collection order

@@ -12,7 +12,8 @@ from ci.run.junit import TASK_PROPERTY
 
 def selected_cells(config):
     return cells(config.getoption("lk_runner") or RUNNERS, config.getoption("lk_cuda_graph") or CUDA_GRAPH,
-                 config.getoption("lk_handoff") or HANDOFFS, config.getoption("lk_backend"))
+                 config.getoption("lk_handoff") or HANDOFFS, config.getoption("lk_backend"),
+                 tuple(config.getoption("lk_set") or ()))
 
 
 def unsupported_cells(config, chosen) -> dict[str, str]:
@@ -34,12 +35,14 @@ def unsupported_cells(config, chosen) -> dict[str, str]:
 
 
 def shipped_profile(config):
-    """The run's profile as shipped: only the test watchdog and the run's stage-0 backend set on it."""
+    """The run's profile as shipped: only the test watchdog, the run's stage-0 backend and its own settings
+    (--lk-set) set on it."""
     from engine.profile.resolve import detect_platform, resolve
 
     backend = config.getoption("lk_backend")
     return resolve(config.getoption("lk_profile"), platform=config.getoption("lk_platform") or detect_platform(),
-                   overrides=TEST_WATCHDOG + ([f"backend={backend}"] if backend != "torch" else []))
+                   overrides=TEST_WATCHDOG + ([f"backend={backend}"] if backend != "torch" else [])
+                   + (config.getoption("lk_set") or []))
 
 
 def pytest_generate_tests(metafunc):

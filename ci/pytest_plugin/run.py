@@ -71,6 +71,9 @@ def pytest_addoption(parser):
     group.addoption("--lk-handoff", choices=HANDOFFS, action="append", help="only these handoff modes")
     group.addoption("--lk-report-dir", default=os.environ.get("LANEKEEPER_REPORT_DIR"),
                     help="directory for stall-report.json/.md and matrix-summary.md")
+    group.addoption("--lk-set", action="append", metavar="KEY=VALUE",
+                    help="a profile setting every engine and server of the matrix applies on top of its cell "
+                         "(repeatable), e.g. watchdog.handoff_deadline_s=2")
     group.addoption("--lk-shard", type=shard, default=None, metavar="K/N",
                     help="run only shard K of N (a matrix cell is never split across shards)")
 
@@ -85,12 +88,17 @@ def pytest_configure(config):
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
     if matrix_on(config):
-        from engine.profile.resolve import ProfileError, find_profile
+        from engine.profile.resolve import ProfileError, find_profile, resolve
 
         try:
             find_profile(config.getoption("lk_profile"))
         except ProfileError as e:
             raise pytest.UsageError(f"--lk-profile: {e}") from None
+        try:
+            resolve(config.getoption("lk_profile"), platform=config.getoption("lk_platform"),
+                    overrides=config.getoption("lk_set") or [])
+        except ProfileError as e:
+            raise pytest.UsageError(f"--lk-set: {e}") from None
     state = RunState(config)
     config.stash[RUN] = state
     # Engine stages (here and in servers started from here) write faulthandler dumps to this directory.

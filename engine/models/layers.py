@@ -74,6 +74,21 @@ def add_linear(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) ->
     return residual
 
 
+def normed_linear(x: torch.Tensor, norm: RMSNorm, weight: torch.Tensor, gated: bool = False) -> torch.Tensor:
+    """norm(x) @ weight.T; gated: silu(gate) * up of its two halves.  A decode step's rows take one kernel
+    for all of it (three launches fewer for each of a frame step's 103 layer passes); longer inputs,
+    cuBLAS's product."""
+    if kernels.use(x) and x.numel() // x.shape[-1] <= kernels.NORM_LINEAR_ROWS:
+        return kernels.norm_linear(x, norm.weight, norm.eps, weight, gated)
+    y = F.linear(norm(x), weight)
+    if not gated:
+        return y
+    if kernels.use(x):
+        return kernels.swiglu(y)
+    gate, up = y.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 class Attention(nn.Module):
     def __init__(self, shape: DecoderShape, layer_idx: int):
         super().__init__()
@@ -85,16 +100,16 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(shape.head_dim)
         self.k_norm = RMSNorm(shape.head_dim)
 
-    def forward(self, x, rope, cache, residual):
-        """residual += attention(x), in place (add_linear)."""
+    def forward(self, x, norm, rope, cache):
+        """x += attention(norm(x)), in place (add_linear): x is the residual stream."""
         b, s, _ = x.shape
-        qkv = self.qkv_proj(x)
+        qkv = normed_linear(x, norm, self.qkv_proj.weight)
         if kernels.use(x) and cache.in_place:   # a decode step over static buffers: one kernel
             keys, values = cache.buffers(self.layer_idx)
             out = kernels.decode_attention(qkv, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, rope.tables,
                                            keys, values, cache.read.start, cache.positions, cache.key_len,
                                            self.heads, self.kv_heads)
-            return add_linear(residual, out, self.o_proj.weight)
+            return add_linear(x, out, self.o_proj.weight)
         q, k, v = qkv.view(b, s, -1, self.head_dim).split((self.heads, self.kv_heads, self.kv_heads), 2)
         q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotate(torch.cat((q, k), 2), rope).split((self.heads, self.kv_heads), 2)   # one rotation for both
@@ -102,7 +117,7 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
             attn_mask=mask.unsqueeze(1), enable_gqa=self.heads != self.kv_heads)
-        return add_linear(residual, out.transpose(1, 2).reshape(b, s, -1), self.o_proj.weight)
+        return add_linear(x, out.transpose(1, 2).reshape(b, s, -1), self.o_proj.weight)
 
 
 class SwiGLU(nn.Module):
@@ -111,12 +126,9 @@ class SwiGLU(nn.Module):
         self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down = nn.Linear(intermediate, hidden, bias=False)
 
-    def forward(self, x, residual):
-        """residual += SwiGLU(x), in place (add_linear)."""
-        if kernels.use(x):
-            return add_linear(residual, kernels.swiglu(self.gate_up(x)), self.down.weight)
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return add_linear(residual, F.silu(gate) * up, self.down.weight)
+    def forward(self, x, norm):
+        """x += SwiGLU(norm(x)), in place (add_linear): x is the residual stream."""
+        return add_linear(x, normed_linear(x, norm, self.gate_up.weight, gated=True), self.down.weight)
 
 
 class DecoderLayer(nn.Module):
@@ -128,8 +140,8 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(shape.hidden, shape.intermediate)
 
     def forward(self, x, rope, cache):
-        x = self.attn(self.input_norm(x), rope, cache, residual=x)
-        return self.mlp(self.post_norm(x), residual=x)
+        x = self.attn(x, self.input_norm, rope, cache)
+        return self.mlp(x, self.post_norm)
 
 
 class Decoder(nn.Module):

@@ -22,7 +22,7 @@ from engine.models.kernels import jit
 from engine.models.kernels.jit import triton
 from engine.models.code2wav import SnakeBeta
 from engine.models.kv_cache import StaticKV
-from engine.models.layers import DecoderLayer, Rotary
+from engine.models.layers import DecoderLayer, RMSNorm, Rotary, normed_linear
 from engine.models.presets import DecoderShape
 from engine.stage0.sampling import sample
 
@@ -87,7 +87,7 @@ def decode_attention(device):
         kv.k.normal_(), kv.v.normal_()
         first = torch.tensor([0, 7, 63, 64, 200][:rows], device=device)
         positions = first[:, None] + torch.arange(steps, device=device)
-        x, residual = torch.randn(2, rows, steps, shape.hidden, device=device)
+        x = torch.randn(rows, steps, shape.hidden, device=device)
         results = []
         for fused in (False, True):
             cache = StaticKV(1, 8, 300, shape.kv_heads, shape.head_dim, torch.float32, device)
@@ -95,9 +95,30 @@ def decode_attention(device):
             view = cache.view(2, positions, 256)
             with torch.no_grad(), (contextlib.nullcontext() if fused else kernels.unfused()):
                 assert kernels.use(x) == fused
-                results.append((layer.attn(x, rotary(positions, x.dtype), view, residual.clone()), cache.k, cache.v))
+                out = layer.attn(x.clone(), layer.input_norm, rotary(positions, x.dtype), view)
+                results.append((out, cache.k, cache.v))
         for got, want in zip(results[1], results[0]):
             torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
+
+
+def norm_linear(device):
+    """RMS norm then a product, plain and gated (SwiGLU), for one row, a few, a tile's worth and a
+    ragged count past it, a hidden size that is not a whole number of the kernel's steps; bf16 on CUDA
+    too, the engine's dtype there."""
+    for dtype in (torch.float32, torch.bfloat16) if device.type == "cuda" else (torch.float32,):
+        norm = RMSNorm(200).to(device, dtype)
+        with torch.no_grad():
+            norm.weight.uniform_(0.5, 1.5)
+        for gated in (False, True):
+            weight = (torch.randn(2 * 48 if gated else 80, 200, device=device) / 200 ** 0.5).to(dtype)
+            for rows in (1, 5, 64, 100):
+                x = torch.randn(rows, 1, 200, device=device, dtype=dtype) * 3
+                with kernels.unfused():
+                    want = normed_linear(x, norm, weight, gated)
+                assert kernels.use(x) and rows <= kernels.NORM_LINEAR_ROWS
+                tol = 1e-4 if device.type == "cpu" else 2e-2 if dtype == torch.bfloat16 else 5e-3
+                torch.testing.assert_close(kernels.norm_linear(x, norm.weight, norm.eps, weight, gated), want,
+                                           rtol=tol, atol=tol)
 
 
 def codec_pass(device):
@@ -108,7 +129,7 @@ def codec_pass(device):
     torch.testing.assert_close(codec(codes), want, rtol=1e-4, atol=1e-4)
 
 
-CHECKS = {f.__name__: f for f in (snake, swiglu, sampling, decode_attention, codec_pass)}
+CHECKS = {f.__name__: f for f in (snake, swiglu, sampling, decode_attention, norm_linear, codec_pass)}
 
 # -- the same launches compiled for the GPU: what the interpreter cannot show (a kernel calling an
 # uncompiled helper, a loop variable that changes type) fails here, on a machine without one

@@ -11,7 +11,7 @@ from tests.helpers.speech_requests import make_request
 def offline_engine(cell, platform, profile_name):
     """One engine per matrix cell, shared by every test of that cell: the lane's profile with the
     cell's axes set on top."""
-    profile = resolve(profile_name, platform=platform, overrides=cell.overrides + TEST_WATCHDOG)
+    profile = resolve(profile_name, platform=platform, overrides=TEST_WATCHDOG + cell.overrides)
     with TTSEngine(profile) as engine:
         yield engine
 

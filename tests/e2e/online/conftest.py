@@ -9,7 +9,7 @@ from tests.helpers.online import client_for
 def server(cell, platform, profile_name):
     """One server per matrix cell, shared by every online test of that cell, on the lane's profile."""
     args = ["--platform", platform, "--profile", profile_name]
-    for o in cell.overrides + TEST_WATCHDOG:
+    for o in TEST_WATCHDOG + cell.overrides:
         args += ["--set", o]
     with RemoteServer(args) as srv:
         yield srv
