@@ -105,7 +105,12 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def budget_exhausted(config) -> bool:
-    return config.stash.get(BUDGET_HIT, False)
+    """A test here ran into the budget, or the run outlived it.  Under xdist the controller, which starts
+    first, can reach the end of its budget and stop the run before any worker reports reaching its own."""
+    if config.stash.get(BUDGET_HIT, False):
+        return True
+    left = budget_left(config, config.stash[RUN].started)
+    return left is not None and left <= 0
 
 
 @pytest.hookimpl(wrapper=True, optionalhook=True)

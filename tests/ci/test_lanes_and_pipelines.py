@@ -333,6 +333,14 @@ def test_unknown_profile_is_a_usage_error():
     assert "--lk-profile: " in run.stderr and "no such profile file" in run.stderr
 
 
+def test_a_setting_the_schema_refuses_is_a_usage_error():
+    run = subprocess.run([sys.executable, "-m", "pytest", "tests/e2e/offline", "-k", "as_shipped",
+                          "--lk-set", "watchdog.handoff_deadline_s=-1", "-p", "no:cacheprovider"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 4, run.stdout + run.stderr
+    assert "--lk-set: " in run.stderr and "watchdog.handoff_deadline_s" in run.stderr
+
+
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="config" tests="3">
 <testcase classname="tests.config.test_profiles" name="test_default_profile_runner_per_platform" time="0.1">
