@@ -95,8 +95,9 @@ def pytest_configure(config):
         except ProfileError as e:
             raise pytest.UsageError(f"--lk-profile: {e}") from None
         try:
-            resolve(config.getoption("lk_profile"), platform=config.getoption("lk_platform"),
-                    overrides=config.getoption("lk_set") or [])
+            if config.getoption("lk_set"):   # refused here once, not by every engine of the run
+                resolve(config.getoption("lk_profile"), platform=config.getoption("lk_platform"),
+                        overrides=config.getoption("lk_set"))
         except ProfileError as e:
             raise pytest.UsageError(f"--lk-set: {e}") from None
     state = RunState(config)

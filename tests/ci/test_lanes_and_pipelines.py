@@ -325,20 +325,22 @@ def test_a_lane_runs_the_profile_it_names(tmp_path, capsys):
     assert props == {"profile": "qwen3_tts_high_concurrency", "runner": "v1", "lanekeeper_task": "CustomVoice"}
 
 
-def test_unknown_profile_is_a_usage_error():
-    run = subprocess.run([sys.executable, "-m", "pytest", "tests/e2e/offline", "-k", "as_shipped",
-                          "--lk-profile", "no_such_profile", "-p", "no:cacheprovider"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+def _matrix_run_refused(*options: str) -> str:
+    """The offline matrix's shipped tests with these options: a usage error (exit 4); its stderr."""
+    run = subprocess.run([sys.executable, "-m", "pytest", "tests/e2e/offline", "-k", "as_shipped", *options,
+                          "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 4, run.stdout + run.stderr
-    assert "--lk-profile: " in run.stderr and "no such profile file" in run.stderr
+    return run.stderr
+
+
+def test_unknown_profile_is_a_usage_error():
+    err = _matrix_run_refused("--lk-profile", "no_such_profile")
+    assert "--lk-profile: " in err and "no such profile file" in err
 
 
 def test_a_setting_the_schema_refuses_is_a_usage_error():
-    run = subprocess.run([sys.executable, "-m", "pytest", "tests/e2e/offline", "-k", "as_shipped",
-                          "--lk-set", "watchdog.handoff_deadline_s=-1", "-p", "no:cacheprovider"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 4, run.stdout + run.stderr
-    assert "--lk-set: " in run.stderr and "watchdog.handoff_deadline_s" in run.stderr
+    err = _matrix_run_refused("--lk-set", "watchdog.handoff_deadline_s=-1")
+    assert "--lk-set: " in err and "watchdog.handoff_deadline_s" in err
 
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>

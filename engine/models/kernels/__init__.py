@@ -5,8 +5,8 @@ elementwise work (1,220 with these, on an H200); a codec pass spends its memory 
 SnakeBeta's five passes over the widest activations.  Each function here does in one kernel
 what the eager code beside it does in many, and computes the same function: `sample` the same
 tokens as engine/stage0/sampling.py's `sample` (up to ties at the top-p edge and float
-summation order), `snake` SnakeBeta, `decode_attention` a layer's Attention over a StaticView, `norm_linear` an RMS norm and
-the product after it.
+summation order), `snake` SnakeBeta, `decode_attention` a layer's Attention over a StaticView,
+`norm_linear` an RMS norm and the product after it.
 
 They run where `use(x)` says: on CUDA when Triton is importable, and on the CPU under
 Triton's interpreter (TRITON_INTERPRET=1), which is how the CPU tests hold them to the
