@@ -11,7 +11,6 @@ from engine.profile.axes import axis_overrides
 from engine.profile.location import profile_source
 from engine.profile.resolve import resolve
 from engine.errors import UserError
-from engine.request import SpeechRequest
 from engine.serve.argtypes import output_file
 
 
@@ -30,6 +29,7 @@ def read_audio(path: str) -> tuple[np.ndarray, int]:
 
 
 def cmd_synth(args) -> int:
+    from engine.request import SpeechRequest   # the request and the engine import torch; `--help` need not
     from engine.runtime.engine import TTSEngine
 
     overrides = axis_overrides(args.runner, args.cuda_graph, args.handoff)
