@@ -75,10 +75,11 @@ def add_linear(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) ->
 
 
 def normed_linear(x: torch.Tensor, norm: RMSNorm, weight: torch.Tensor, gated: bool = False) -> torch.Tensor:
-    """norm(x) @ weight.T; gated: silu(gate) * up of its two halves.  A decode step's rows take one kernel
-    for all of it (three launches fewer for each of a frame step's 103 layer passes); longer inputs,
-    cuBLAS's product."""
-    if kernels.use(x) and x.numel() // x.shape[-1] <= kernels.NORM_LINEAR_ROWS:
+    """norm(x) @ weight.T; gated: silu(gate) * up of its two halves.  A decode step's gated rows take one
+    kernel for all of it (two launches fewer for each of a frame step's 103 MLPs); the q/k/v product and
+    longer inputs take the norm's kernel and cuBLAS's product: fused, q/k/v took 17.4 us a call against
+    about 8 (README, "The frame step")."""
+    if gated and kernels.use(x) and x.numel() // x.shape[-1] <= kernels.NORM_LINEAR_ROWS:
         return kernels.norm_linear(x, norm.weight, norm.eps, weight, gated)
     y = F.linear(norm(x), weight)
     if not gated:

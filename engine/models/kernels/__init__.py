@@ -1,8 +1,8 @@
 """Fused kernels (Triton) for the hot spots of a frame step and of a codec pass.
 
 A frame step at C64 ran about 3,600 CUDA kernels, most of them a few microseconds of
-elementwise work (705 with these on an H200, though the fused norm and product made the step
-slower than the 1,220 of cuBLAS's products: README, "The frame step"); a codec pass spends its
+elementwise work (803 with these on an H100; the norm-and-product kernel fuses only the gate/up
+product, since for q/k/v it was slower than cuBLAS: README, "The frame step"); a codec pass spends its
 memory traffic on SnakeBeta's five passes over the widest activations.  Each function here does in one kernel
 what the eager code beside it does in many, and computes the same function: `sample` the same
 tokens as engine/stage0/sampling.py's `sample` (up to ties at the top-p edge and float

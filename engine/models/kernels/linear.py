@@ -1,6 +1,7 @@
-"""A decode step's RMS norm and the matrix product after it, in one kernel: the q/k/v product of each
-layer, and the gate/up product with SwiGLU's activation on its output.  A frame step runs 103 layer
-passes, each of which was a norm, a product and, for the MLP, an activation kernel of its own.
+"""A decode step's RMS norm and the matrix product after it, in one kernel: the gate/up product with
+SwiGLU's activation on its output (a frame step runs 103 MLPs, each of which was a norm, a product and
+an activation kernel).  It also computes a plain product (q/k/v), which the engine leaves to cuBLAS:
+fused, that took twice as long (README, "The frame step").
 
 The norm's per-row scale commutes with the product, so each program accumulates its rows' sums of
 squares while it walks the hidden dimension for the product, and scales the result at the end.  The
