@@ -5,6 +5,7 @@ import os
 import re
 import signal
 import sys
+import time
 
 STAGE_TITLE = re.compile(r"^lk(\d):(.*)$")
 SERVER_TITLE = "lk-serve"
@@ -33,7 +34,30 @@ def kill_tree(roots, group: int | None = None, timeout: float = 5.0) -> None:
             proc.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(victims, timeout=timeout)
+    _wait_ended(victims, timeout)
+
+
+def _wait_ended(procs, timeout: float) -> None:
+    """Reap our own children and wait for the others to be gone or zombies.  A killed process that is not
+    our child stays a zombie until its parent, or the init that adopted it, reaps it: dead, holding nothing
+    but its pid, and, under a slow init, there for seconds after it died."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while procs:
+        _, procs = psutil.wait_procs(procs, timeout=0.02)
+        procs = [p for p in procs if not _zombie(p)]
+        if time.monotonic() > deadline:
+            return
+
+
+def _zombie(proc) -> bool:
+    import psutil
+
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def tree_pids(roots: list[int]) -> list[int]:

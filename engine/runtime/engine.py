@@ -156,7 +156,7 @@ class TTSEngine:
     def _read(self) -> None:
         while not self.closed:
             try:
-                msg = self.out_q.get(timeout=0.2)
+                msg = self.out_q.get(timeout=0.05)   # how long close() waits for this thread
             except (queue.Empty, OSError, ValueError, EOFError, EngineError):
                 continue
             self._dispatch(msg)
