@@ -9,6 +9,8 @@ keeps every comment.
 """
 from __future__ import annotations
 
+import copy
+import functools
 import os
 from dataclasses import dataclass
 from io import StringIO
@@ -47,6 +49,14 @@ def _yaml() -> YAML:
     y.preserve_quotes = True
     y.width = 4096
     return y
+
+
+@functools.lru_cache(maxsize=256)
+def _parse(text: str) -> Any:
+    """One round-trip parse per distinct text: resolving every profile on every platform (the pins,
+    rollback's isolation) reads the same few files hundreds of times, and the pure-Python round-trip
+    parser costs about six times the deep copy each caller gets of it."""
+    return _yaml().load(text)
 
 
 def _stage_id(item: Any, where: str) -> int:
@@ -149,7 +159,7 @@ class ProfileDoc:
         except FileNotFoundError:
             raise ProfileError("file not found", path=path) from None
         try:
-            data = _yaml().load(text)
+            data = copy.deepcopy(_parse(text))   # callers edit their document
         except DuplicateKeyError as e:
             mark = e.problem_mark or e.context_mark
             raise ProfileError(f"duplicate key: {e.problem}", path=path, line=mark.line + 1 if mark else None) \
