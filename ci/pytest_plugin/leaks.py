@@ -5,7 +5,7 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from engine.process.tree import engine_processes, kill_tree
+from engine.process.tree import ended, engine_processes, kill_tree
 from engine.runtime.registry import REGISTRY
 
 
@@ -14,7 +14,7 @@ def stray_engine_processes() -> list[psutil.Process]:
     stray = []
     for proc in engine_processes():
         try:
-            if proc.pid in owned or proc.status() == psutil.STATUS_ZOMBIE:
+            if proc.pid in owned or ended(proc):
                 continue
             if any(p.pid in owned for p in proc.parents()):
                 continue

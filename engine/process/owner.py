@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import time
 
+from engine.process.tree import ended
+
 
 def join_group(leader_pid: int | None) -> None:
     """Stage 0 leads a new process group; every other stage (and its children) joins it."""
@@ -34,10 +36,4 @@ class Owner:
             self.proc = None
 
     def gone(self) -> bool:
-        """Exited, or exited and not yet reaped (a zombie), or its pid reused by another process."""
-        import psutil
-
-        try:
-            return self.proc is None or not self.proc.is_running() or self.proc.status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return True
+        return self.proc is None or ended(self.proc)

@@ -38,24 +38,25 @@ def kill_tree(roots, group: int | None = None, timeout: float = 5.0) -> None:
 
 
 def _wait_ended(procs, timeout: float) -> None:
-    """Reap our own children and wait for the others to be gone or zombies.  A killed process that is not
-    our child stays a zombie until its parent, or the init that adopted it, reaps it: dead, holding nothing
-    but its pid, and, under a slow init, there for seconds after it died."""
+    """Reap our own children and wait for the others to have ended (see `ended`)."""
     import psutil
 
     deadline = time.monotonic() + timeout
     while procs:
         _, procs = psutil.wait_procs(procs, timeout=0.02)
-        procs = [p for p in procs if not _zombie(p)]
+        procs = [p for p in procs if not ended(p)]
         if time.monotonic() > deadline:
             return
 
 
-def _zombie(proc) -> bool:
+def ended(proc) -> bool:
+    """Exited, or exited and not yet reaped (a zombie), or its pid reused by another process.  A killed
+    process that is not our child stays a zombie until its parent, or the init that adopted it, reaps it:
+    dead, holding nothing but its pid, and, under a slow init, there for seconds after it died."""
     import psutil
 
     try:
-        return proc.status() == psutil.STATUS_ZOMBIE
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
 
