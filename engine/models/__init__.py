@@ -70,7 +70,7 @@ def speech_level(codec: CodecDecoder, rms: float = 0.15) -> None:
     conv.weight.sub_(conv.weight.mean(-1, keepdim=True))
     conv.bias.zero_()
     levels = []
-    hook = conv.register_forward_hook(lambda module, args, out: levels.append(out.pow(2).mean().sqrt()))
+    hook = codec.out.register_forward_hook(lambda module, args, out: levels.append(out.pow(2).mean().sqrt()))
     try:
         codec(torch.randint(0, CODEBOOK_SIZE, (1, 8, CODEBOOKS), generator=torch.Generator().manual_seed(0)))
     finally:

@@ -4,11 +4,13 @@ import copy
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from engine.profile.resolve import resolve
 from engine.stage0.handoff import HandoffPolicy
 from engine.profile.schema import Connector
 from engine.models import CheckpointError, build_models, save_checkpoint
+from engine.models.code2wav import CausalConv
 from engine.models.presets import PRESETS, SAMPLES_PER_FRAME
 from engine.request import RequestError, SpeechRequest
 from engine.stage0.sampling import RequestSampler, SamplingParams, SlotSampling, sample
@@ -52,6 +54,17 @@ def test_a_right_padded_batch_decodes_each_row_as_alone(codec):
     for b, (c, start) in enumerate(zip(codes, starts)):
         alone = codec(c[None], first_position=start)[0]
         assert (together[b, :len(c) * SAMPLES_PER_FRAME] - alone).abs().max() < 1e-5, b
+
+
+@pytest.mark.parametrize("dilation, groups, t", [(1, 1, 40), (3, 1, 40), (9, 1, 41), (9, 2, 45), (1, 4, 7)])
+def test_causal_conv_is_a_left_padded_conv(dilation, groups, t):
+    """Time-major, and folded when dilated, it computes what a left-padded Conv1d computes, at lengths
+    that are and are not a whole number of folds."""
+    conv = CausalConv(8, 4, 7, dilation, groups)
+    x = torch.randn(2, t, 8)
+    want = F.conv1d(F.pad(x.transpose(1, 2), (conv.pad, 0)), conv.conv.weight, conv.conv.bias, dilation=dilation,
+                    groups=groups).transpose(1, 2)
+    torch.testing.assert_close(conv(conv.padded(x))[:, :t], want)
 
 
 def test_receptive_field_fits_left_context():

@@ -32,14 +32,14 @@ def unfused():
         _off = saved
 
 
-_compiled: dict[tuple[str, bool], object] = {}
+_compiled: dict[tuple[str, str, bool], object] = {}
 
 
 def compiled(fn, *helpers):
     """fn as a Triton kernel for the environment of this moment.  The helpers it calls become compiled
     functions too (a kernel calls only those; under the interpreter, plain ones)."""
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
-    key = (fn.__name__, interpret)
+    key = (fn.__module__, fn.__qualname__, interpret)
     if key not in _compiled:
         for helper in helpers:
             plain = getattr(helper, "fn", helper)
