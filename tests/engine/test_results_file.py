@@ -48,12 +48,17 @@ def test_a_row_without_a_field_is_refused_by_name(tmp_path):
     assert not (tmp_path / "r.json").exists()
 
 
-H200 = ROOT / "benchmarks" / "results" / "h200.json"
+GPU_FILES = sorted((ROOT / "benchmarks" / "results").glob("h[0-9]*.json"))   # one a GPU: h200.json, h100.json
 
 
-def test_the_committed_h200_file_has_every_level():
-    doc = json.loads(H200.read_text())
-    assert "H200" in doc["gpu"] and len(doc["commit"]) >= 7
+def test_there_is_a_committed_gpu_file():
+    assert GPU_FILES
+
+
+@pytest.mark.parametrize("path", GPU_FILES, ids=lambda p: p.name)
+def test_a_committed_gpu_file_has_every_level(path):
+    doc = json.loads(path.read_text())
+    assert path.stem.upper() in doc["gpu"] and len(doc["commit"]) >= 7
     have = {(r["mode"], r["runner"], r["concurrency"]) for r in doc["rows"]}
     for runner, levels in (("v2", (1, 64, 128)), ("v1", (1, 64))):
         for c in levels:
@@ -62,10 +67,11 @@ def test_the_committed_h200_file_has_every_level():
         assert r["audio_s_per_s"] > 0
 
 
-def test_the_committed_h200_file_is_one_commits_steady_levels_of_the_real_cost_codec():
+@pytest.mark.parametrize("path", GPU_FILES, ids=lambda p: p.name)
+def test_a_committed_gpu_file_is_one_commits_steady_levels_of_the_real_cost_codec(path):
     """Every row from one commit, each a steady level (at least 10 x C requests) of the real-cost codec,
     and the frame step measured at that commit too."""
-    doc = json.loads(H200.read_text())
+    doc = json.loads(path.read_text())
     for r in doc["rows"]:
         assert set(results.FIELDS) <= set(r) and r["commit"] == doc["commit"], r
         assert r["requests"] >= 10 * r["concurrency"] and 24 <= r["codec_gmac_per_audio_s"] <= 36, r
