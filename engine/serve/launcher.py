@@ -7,6 +7,7 @@ stage, which live in their own process group).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -34,9 +35,12 @@ class RemoteServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="lanekeeper-serve-", suffix=".log", delete=False)
+        # The server's own temporary folder (TMPDIR), removed with it: one killed outright cannot remove
+        # what it made there (multiprocessing's fork-server socket folder, say).
+        self.tmp = tempfile.mkdtemp(prefix="lanekeeper-serve-")
         cmd = [sys.executable, "-m", "engine.serve", "--host", "127.0.0.1", "--port", str(self.port), *args]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"})
+                                     env={**os.environ, "TMPDIR": self.tmp, **(env or {}), "PYTHONUNBUFFERED": "1"})
         REGISTRY.register(self)
         try:
             self._wait_healthy(start_timeout)
@@ -86,6 +90,7 @@ class RemoteServer:
             self.proc.wait(5)
         except subprocess.TimeoutExpired:
             pass
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self) -> "RemoteServer":
         return self
@@ -96,5 +101,6 @@ class RemoteServer:
             self.terminate(timeout=10)
         self.kill()
         kill_tree(pids)   # stages that left the server's tree (their own group) are still ours
+        shutil.rmtree(self.tmp, ignore_errors=True)
         self.log.close()
         os.unlink(self.log.name)

@@ -10,8 +10,10 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import signal
 import socket
 import sys
+from contextlib import contextmanager
 
 from engine.errors import UserError
 from engine.profile.location import profile_source
@@ -54,6 +56,24 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+@contextmanager
+def _stop_signals_end(server):
+    """SIGTERM and SIGINT ask uvicorn to shut down, and then the process returns 0.  Once its graceful
+    shutdown is done, uvicorn raises the signal it caught again under the handler it found; under the
+    default one the process would die of it (status -15) before its exit handlers run, leaving the fork
+    server's socket folder behind and the documented status unmet.  This handler asks for the same
+    shutdown (also in the moment before uvicorn takes the signals over) and lets the process go on."""
+    def stop(signum, frame):
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def serve(profile, host: str = "127.0.0.1", port: int = 8000, allowed_local_media_path: str | None = None,
           graceful_timeout: float = 30.0, policy: RestartPolicy = RestartPolicy(), cpu_fallback: bool = False) -> int:
     """Serve until SIGTERM/SIGINT (0), until the engine failed past the restart limit (EXIT_GAVE_UP), or
@@ -85,7 +105,7 @@ def serve(profile, host: str = "127.0.0.1", port: int = 8000, allowed_local_medi
     app = create_app(lambda: TTSEngine(profile, cpu_fallback=cpu_fallback), allowed_local_media_path, policy=policy,
                      on_give_up=give_up, on_start_failed=start_failed)
     server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=graceful_timeout))
-    with sock:
+    with sock, _stop_signals_end(server):
         server.run(sockets=[sock])
     if not server.started and not outcome["code"]:
         return EXIT_STARTUP_FAILED
