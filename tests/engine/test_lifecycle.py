@@ -103,8 +103,10 @@ def test_orphaned_stages_exit(tmp_path):
             print(*engine.pids(), flush=True)
             os._exit(0)
     """)
+    # its own TMPDIR: killed this way, the owner cannot remove its fork server's socket folder
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+                         env={**os.environ, "TMPDIR": str(tmp_path)})
     pids = [int(p) for p in out.stdout.split()]
     assert len(pids) == 2, out.stderr
     try:
