@@ -47,27 +47,29 @@ class CausalConv(nn.Module):
     A dilated conv runs as an undilated one over the input folded into `dilation` interleaved columns
     ([B, rows / d, d, C], the same memory): for some dilated shapes cuDNN picks a kernel hundreds of
     times slower than its best (260 ms instead of 0.3 on an H100 for 4 windows of 384 channels at
-    dilation 9, even with its algorithm timing on), and the folded conv is faster than its best."""
+    dilation 9, with its algorithm timing off or at its default of 10 candidates), and the folded conv
+    is faster than its best.  Grouped convs are not folded: folded, they come out wrong on the CPU
+    (torch 2.13)."""
 
     def __init__(self, cin: int, cout: int, kernel: int, dilation: int = 1, groups: int = 1):
         super().__init__()
         self.conv = nn.Conv1d(cin, cout, kernel, dilation=dilation, groups=groups)
         self.pad = (kernel - 1) * dilation
+        self.fold = dilation if groups == 1 else 1
         channels_last_(self.conv.weight)
 
     def rows(self, t: int) -> int:
         """Input rows for t outputs: the pad, then t rounded up to a whole number of folds."""
-        d = self.conv.dilation[0] if self.conv.groups == 1 else 1
-        return self.pad + -(-t // d) * d
+        return self.pad + -(-t // self.fold) * self.fold
 
     def padded(self, x: torch.Tensor) -> torch.Tensor:
         return F.pad(x, (0, 0, self.pad, self.rows(x.shape[1]) - self.pad - x.shape[1]))
 
     def forward(self, x: torch.Tensor, bias: bool = True) -> torch.Tensor:
-        conv, (b, rows, c) = self.conv, x.shape
-        d, bias = conv.dilation[0], conv.bias if bias else None
-        if d == 1 or conv.groups > 1:   # (folded, grouped convs come out wrong on the CPU: torch 2.13)
-            return _time_major(F.conv2d(_nchw(x), conv.weight.unsqueeze(2), bias, dilation=(1, d),
+        conv, (b, rows, c), d = self.conv, x.shape, self.fold
+        bias = conv.bias if bias else None
+        if d == 1:
+            return _time_major(F.conv2d(_nchw(x), conv.weight.unsqueeze(2), bias, dilation=(1, conv.dilation[0]),
                                         groups=conv.groups))
         folded = x.view(b, rows // d, d, c).permute(0, 3, 1, 2)   # [B, C, rows / d, d], channels last
         y = F.conv2d(folded, conv.weight.unsqueeze(3), bias)

@@ -99,8 +99,7 @@ class RemoteServer:
         pids = self.pids()
         if self.proc.poll() is None:
             self.terminate(timeout=10)
-        self.kill()
         kill_tree(pids)   # stages that left the server's tree (their own group) are still ours
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.kill()       # and its folder goes after every process that could write there
         self.log.close()
         os.unlink(self.log.name)
