@@ -10,6 +10,7 @@ from safetensors import safe_open
 
 from engine.errors import UserError
 from engine.models.code2wav import CodecDecoder
+from engine.models.layers import DecoderLayer
 from engine.models.talker import CodePredictor, Talker
 from engine.models.presets import CODEBOOK_SIZE, CODEBOOKS, PRESETS, Preset
 
@@ -58,6 +59,9 @@ def build_models(preset: str = "tiny", seed: int = 0, checkpoint: str | None = N
     if checkpoint:
         synthetic = load_checkpoint(checkpoint, built)
     for m in built.values():
+        for layer in m.modules():
+            if isinstance(layer, DecoderLayer):   # the same model: see RMSNorm.fold_into
+                layer.fold_norms()
         m.to(device=device, dtype=DTYPES[dtype]).eval().requires_grad_(False)
     return Models(shape, built.get("talker"), built.get("code_predictor"), built.get("codec"), synthetic)
 

@@ -23,6 +23,17 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
+        self.folded = False   # its scale moved into the product that reads it (fold_into): its weight is ones
+
+    @torch.no_grad()
+    def fold_into(self, weight: torch.Tensor) -> None:
+        """Move this norm's per-channel scale into the product that reads its output (weight [out, dim]): the
+        same function, and the fused path can then run the product on the unnormed rows and apply each row's
+        1 / rms after it (a per-row scale commutes with the product), in the kernel that reads the product,
+        where a norm kernel ran before it."""
+        weight.mul_(self.weight)
+        self.weight.fill_(1.0)
+        self.folded = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # torch's own: one fused kernel on CUDA (computing in float32), where the written-out form was
@@ -75,12 +86,12 @@ def add_linear(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) ->
 
 
 def normed_linear(x: torch.Tensor, norm: RMSNorm, weight: torch.Tensor, gated: bool = False) -> torch.Tensor:
-    """norm(x) @ weight.T; gated: silu(gate) * up of its two halves.  A decode step's gated rows take one
-    kernel for all of it (two launches fewer for each of a frame step's 103 MLPs); the q/k/v product and
-    longer inputs take the norm's kernel and cuBLAS's product: fused, q/k/v took 17.4 us a call against
-    about 8 (README, "The frame step")."""
-    if gated and kernels.use(x) and x.numel() // x.shape[-1] <= kernels.NORM_LINEAR_ROWS:
-        return kernels.norm_linear(x, norm.weight, norm.eps, weight, gated)
+    """norm(x) @ weight.T; gated: silu(gate) * up of its two halves.  Fused, with the norm folded into the
+    weight, gated rows take cuBLAS's product of the unnormed rows and one kernel for the norm's row scale
+    and the activation (a norm kernel fewer for each of a frame step's 103 MLPs; a Triton kernel doing
+    norm and product at once took twice as long: README, "The frame step")."""
+    if gated and norm.folded and kernels.use(x):
+        return kernels.swiglu(F.linear(x, weight), normed=x, eps=norm.eps)
     y = F.linear(norm(x), weight)
     if not gated:
         return y
@@ -104,13 +115,16 @@ class Attention(nn.Module):
     def forward(self, x, norm, rope, cache):
         """x += attention(norm(x)), in place (add_linear): x is the residual stream."""
         b, s, _ = x.shape
-        qkv = normed_linear(x, norm, self.qkv_proj.weight)
-        if kernels.use(x) and cache.in_place:   # a decode step over static buffers: one kernel
+        if kernels.use(x) and cache.in_place:   # a decode step over static buffers: one kernel after the product
+            folded = norm.folded   # then the kernel applies the norm's row scale, and no norm kernel runs
+            qkv = F.linear(x, self.qkv_proj.weight) if folded else normed_linear(x, norm, self.qkv_proj.weight)
             keys, values = cache.buffers(self.layer_idx)
             out = kernels.decode_attention(qkv, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, rope.tables,
                                            keys, values, cache.read.start, cache.positions, cache.key_len,
-                                           self.heads, self.kv_heads)
+                                           self.heads, self.kv_heads, normed=x if folded else None,
+                                           norm_eps=norm.eps)
             return add_linear(x, out, self.o_proj.weight)
+        qkv = normed_linear(x, norm, self.qkv_proj.weight)
         q, k, v = qkv.view(b, s, -1, self.head_dim).split((self.heads, self.kv_heads, self.kv_heads), 2)
         q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotate(torch.cat((q, k), 2), rope).split((self.heads, self.kv_heads), 2)   # one rotation for both
@@ -139,6 +153,11 @@ class DecoderLayer(nn.Module):
         self.attn = Attention(shape, layer_idx)
         self.post_norm = RMSNorm(shape.hidden)
         self.mlp = SwiGLU(shape.hidden, shape.intermediate)
+
+    def fold_norms(self) -> None:
+        """Both norms into the products that read them (RMSNorm.fold_into): the same layer, fewer kernels."""
+        self.input_norm.fold_into(self.attn.qkv_proj.weight)
+        self.post_norm.fold_into(self.mlp.gate_up.weight)
 
     def forward(self, x, rope, cache):
         x = self.attn(x, self.input_norm, rope, cache)

@@ -1,7 +1,11 @@
 """A decode step's attention over runner v2's static KV buffers, in one kernel where the eager path
 runs about twenty: q and k normed per head and rotated, this step's keys and values written into the
 cache rows, and attention over each row's own positions (no mask tensor, no repeated kv heads, no
-transposes).  The eager path is engine/models/layers.py's Attention with a StaticView."""
+transposes).  The eager path is engine/models/layers.py's Attention with a StaticView.
+
+Where the layer's input norm was folded into the q/k/v product (`RMSNorm.fold_into`), the product ran on
+the unnormed rows, and this kernel scales each token's q, k and v by 1 / rms of its input row as it reads
+them: the norm's kernel before the product is saved."""
 from __future__ import annotations
 
 import torch
@@ -9,8 +13,9 @@ import torch
 from engine.models.kernels.jit import compiled, tl, triton
 
 
-def _decode_kernel(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, pos_ptr, pos_row, pos_step, k_cache_ptr,
+def _decode_kernel(qkv_ptr, x_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, pos_ptr, pos_row, pos_step, k_cache_ptr,
                    v_cache_ptr, out_ptr, first_row, steps, heads, key_len, row_stride, pos_stride, eps, scale,
+                   hidden, x_eps, SCALED: tl.constexpr, BLOCK_H: tl.constexpr,
                    G: tl.constexpr, M: tl.constexpr, S: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
     """One program per (row, kv head).  Its kv head's keys and values of this step go into the cache, then
     its G query heads' queries, as the M rows of a matrix (padded to what a matrix product takes), attend
@@ -26,12 +31,13 @@ def _decode_kernel(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, pos_ptr, p
     s = tl.arange(0, S)
     here = s < steps
     k_pos = tl.load(pos_ptr + b * pos_row + s * pos_step, mask=here, other=0)
+    k_scale = _row_scale(x_ptr, b * steps + s, here, hidden, x_eps, SCALED, S, BLOCK_H)
     src = qkv_ptr + (b * steps + s).to(tl.int64)[:, None] * width + (heads + kv) * D
-    new_k = _normed_rotated(src, k_norm_ptr, cos_ptr, sin_ptr, k_pos, here, d, partner, eps, D)
+    new_k = _normed_rotated(src, k_scale, k_norm_ptr, cos_ptr, sin_ptr, k_pos, here, d, partner, eps, D)
     at = row + k_pos.to(tl.int64)[:, None] * pos_stride + d[None, :]
     tl.store(k_cache_ptr + at, new_k.to(k_cache_ptr.dtype.element_ty), mask=here[:, None])
-    new_v = tl.load(src + (heads // G) * D + d[None, :], mask=here[:, None], other=0.0)
-    tl.store(v_cache_ptr + at, new_v, mask=here[:, None])
+    new_v = tl.load(src + (heads // G) * D + d[None, :], mask=here[:, None], other=0.0).to(tl.float32)
+    tl.store(v_cache_ptr + at, (new_v * k_scale[:, None]).to(v_cache_ptr.dtype.element_ty), mask=here[:, None])
     tl.debug_barrier()   # the loop below reads what this program's threads just wrote
 
     m = tl.arange(0, M)
@@ -39,8 +45,9 @@ def _decode_kernel(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, pos_ptr, p
     token = b * steps + m // G
     head = kv * G + m % G
     q_pos = tl.load(pos_ptr + b * pos_row + (m // G) * pos_step, mask=live, other=-1)
+    q_scale = _row_scale(x_ptr, token, live, hidden, x_eps, SCALED, M, BLOCK_H)
     src = qkv_ptr + token.to(tl.int64)[:, None] * width + head[:, None] * D
-    q = _normed_rotated(src, q_norm_ptr, cos_ptr, sin_ptr, q_pos, live, d, partner, eps, D)
+    q = _normed_rotated(src, q_scale, q_norm_ptr, cos_ptr, sin_ptr, q_pos, live, d, partner, eps, D)
     q = q.to(k_cache_ptr.dtype.element_ty)
     end = tl.minimum(tl.max(q_pos, 0) + 1, key_len)
     best = tl.full((M,), float("-inf"), tl.float32)
@@ -66,11 +73,25 @@ def _decode_kernel(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, pos_ptr, p
              out.to(out_ptr.dtype.element_ty), mask=live[:, None])
 
 
-def _normed_rotated(src, norm_ptr, cos_ptr, sin_ptr, pos, live, d, partner, eps, D: tl.constexpr):
-    """Heads [R, D] at src (row pointers), RMS-normed and turned by their positions' angles: the rotary
-    tables' rows hold both halves' cosines, and the sines with the first half's negated."""
-    x = tl.load(src + d[None, :], mask=live[:, None], other=0.0).to(tl.float32)
-    x_partner = tl.load(src + partner[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+def _row_scale(x_ptr, tokens, live, hidden, eps, SCALED: tl.constexpr, R: tl.constexpr, BLOCK_H: tl.constexpr):
+    """1 / rms of the input rows of these tokens [R] (the input norm, folded into the product), or ones."""
+    if not SCALED:
+        return tl.full((R,), 1.0, tl.float32)
+    squares = tl.zeros((R,), tl.float32)
+    for start in range(0, hidden, BLOCK_H):
+        h = start + tl.arange(0, BLOCK_H)
+        x = tl.load(x_ptr + tokens.to(tl.int64)[:, None] * hidden + h[None, :],
+                    mask=live[:, None] & (h < hidden)[None, :], other=0.0).to(tl.float32)
+        squares += tl.sum(x * x, 1)
+    return 1.0 / tl.sqrt(squares / hidden + eps)
+
+
+def _normed_rotated(src, row_scale, norm_ptr, cos_ptr, sin_ptr, pos, live, d, partner, eps, D: tl.constexpr):
+    """Heads [R, D] at src (row pointers), times their rows' scales [R], RMS-normed and turned by their
+    positions' angles: the rotary tables' rows hold both halves' cosines, and the sines with the first
+    half's negated."""
+    x = tl.load(src + d[None, :], mask=live[:, None], other=0.0).to(tl.float32) * row_scale[:, None]
+    x_partner = tl.load(src + partner[None, :], mask=live[:, None], other=0.0).to(tl.float32) * row_scale[:, None]
     scale = 1.0 / tl.sqrt(tl.sum(x * x, 1) / D + eps)
     y = x * scale[:, None] * tl.load(norm_ptr + d).to(tl.float32)[None, :]
     y_partner = x_partner * scale[:, None] * tl.load(norm_ptr + partner).to(tl.float32)[None, :]
@@ -81,19 +102,28 @@ def _normed_rotated(src, norm_ptr, cos_ptr, sin_ptr, pos, live, d, partner, eps,
 
 def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, eps: float,
                      rope_tables: tuple[torch.Tensor, torch.Tensor], k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     first_row: int, positions: torch.Tensor, key_len: int, heads: int, kv_heads: int) -> torch.Tensor:
+                     first_row: int, positions: torch.Tensor, key_len: int, heads: int, kv_heads: int,
+                     normed: torch.Tensor | None = None, norm_eps: float = 0.0) -> torch.Tensor:
     """Attention of rows first_row.. of one layer's cache [slots, positions, kv_heads, D], for queries at
     positions [B, S] (each row's own, increasing), from the q/k/v product qkv [B, S, (heads + 2 kv_heads) D]:
-    [B, S, heads * D].  This step's keys and values are written into the cache first."""
+    [B, S, heads * D].  This step's keys and values are written into the cache first.  With `normed` (the
+    product's input [B, S, hidden], whose RMS norm was folded into it), q, k and v are first scaled by
+    1 / rms of their row, with norm_eps."""
     b, s = positions.shape
     d = k_cache.shape[-1]
     assert k_cache.stride(-1) == 1 and k_cache.stride(-2) == d and v_cache.stride() == k_cache.stride()
     qkv = qkv.contiguous()
+    hidden = 1
+    if normed is not None:
+        normed, hidden = normed.contiguous(), normed.shape[-1]
+        assert normed.numel() == b * s * hidden
     out = torch.empty(b, s, heads, d, dtype=qkv.dtype, device=qkv.device)
     cos, sin = rope_tables
     group = heads // kv_heads
-    compiled(_decode_kernel, _normed_rotated)[(b, kv_heads)](
-        qkv, q_norm, k_norm, cos, sin, positions, positions.stride(0), positions.stride(1), k_cache, v_cache, out,
-        first_row, s, heads, key_len, k_cache.stride(0), k_cache.stride(1), eps, d ** -0.5,
-        G=group, M=max(16, triton.next_power_of_2(s * group)), S=triton.next_power_of_2(s), D=d, BLOCK=64)
+    compiled(_decode_kernel, _row_scale, _normed_rotated)[(b, kv_heads)](
+        qkv, normed if normed is not None else qkv, q_norm, k_norm, cos, sin, positions, positions.stride(0),
+        positions.stride(1), k_cache, v_cache, out, first_row, s, heads, key_len, k_cache.stride(0),
+        k_cache.stride(1), eps, d ** -0.5, hidden, norm_eps, SCALED=normed is not None,
+        BLOCK_H=min(256, triton.next_power_of_2(hidden)), G=group, M=max(16, triton.next_power_of_2(s * group)),
+        S=triton.next_power_of_2(s), D=d, BLOCK=64)
     return out.view(b, s, heads * d)

@@ -1,4 +1,5 @@
-"""SwiGLU's activation in one pass."""
+"""SwiGLU's activation in one pass, and with it the RMS norm of a product's input when that norm's scale
+was folded into the product (engine/models/layers.py, `RMSNorm.fold_into`)."""
 from __future__ import annotations
 
 import torch
@@ -6,22 +7,37 @@ import torch
 from engine.models.kernels.jit import compiled, tl, triton
 
 
-# -- SwiGLU's activation: silu(gate) * up from the gate_up product [..., 2I]
+# -- SwiGLU's activation: silu(gate) * up from the gate_up product [..., 2I]; SCALED, both halves first
+# multiplied by 1 / rms(x) of the product's input row (the norm, applied after the product it commutes with)
 
-def _swiglu_kernel(x_ptr, out_ptr, inter, BLOCK: tl.constexpr):
+def _swiglu_kernel(gate_up_ptr, x_ptr, out_ptr, inter, hidden, eps, SCALED: tl.constexpr, BLOCK: tl.constexpr,
+                   BLOCK_H: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < inter
-    gate = tl.load(x_ptr + row * 2 * inter + offs, mask=inside, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + row * 2 * inter + inter + offs, mask=inside, other=0.0).to(tl.float32)
+    gate = tl.load(gate_up_ptr + row * 2 * inter + offs, mask=inside, other=0.0).to(tl.float32)
+    up = tl.load(gate_up_ptr + row * 2 * inter + inter + offs, mask=inside, other=0.0).to(tl.float32)
+    if SCALED:
+        h = tl.arange(0, BLOCK_H)
+        x = tl.load(x_ptr + row * hidden + h, mask=h < hidden, other=0.0).to(tl.float32)
+        scale = 1.0 / tl.sqrt(tl.sum(x * x, 0) / hidden + eps)
+        gate, up = gate * scale, up * scale
     tl.store(out_ptr + row * inter + offs, (gate * tl.sigmoid(gate) * up).to(out_ptr.dtype.element_ty), mask=inside)
 
 
-def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+def swiglu(gate_up: torch.Tensor, normed: torch.Tensor | None = None, eps: float = 0.0) -> torch.Tensor:
+    """silu(gate) * up of gate_up [..., 2I]; with `normed` (the product's input rows [..., hidden]), of
+    gate_up / rms(row): what the product of the RMS-normed rows would have given."""
     gate_up = gate_up.contiguous()
     inter = gate_up.shape[-1] // 2
     out = torch.empty(*gate_up.shape[:-1], inter, dtype=gate_up.dtype, device=gate_up.device)
     rows = gate_up.numel() // gate_up.shape[-1]
+    hidden = normed.shape[-1] if normed is not None else 1
+    if normed is not None:
+        normed = normed.contiguous()
+        assert normed.numel() == rows * hidden
     block = 1024
-    compiled(_swiglu_kernel)[(rows, triton.cdiv(inter, block))](gate_up, out, inter, BLOCK=block)
+    compiled(_swiglu_kernel)[(rows, triton.cdiv(inter, block))](
+        gate_up, normed if normed is not None else gate_up, out, inter, hidden, eps, SCALED=normed is not None,
+        BLOCK=block, BLOCK_H=triton.next_power_of_2(hidden))
     return out
