@@ -57,7 +57,7 @@ async def run_level(url, concurrency, steady=True):
     return summarize(done, wall)
 
 
-PARTS = [("0", "decode"), ("0", "admit"), ("0", "readback"), ("0", "handoff"), ("1", "decode")]
+PARTS = [("0", "decode"), ("0", "admit"), ("0", "readback"), ("0", "handoff"), ("0", "inbox"), ("1", "decode")]
 
 
 def stage_counters(base_url: str) -> dict:
@@ -117,8 +117,9 @@ def main() -> None:
                 if args.json:   # level by level: a run cut short keeps the levels it finished
                     record(args.json, rows[-1:], args.platform)
     print("\nWhere the stages' time went (share of each level's wall time):\n")
-    print("| runner | concurrency | stage 0 decode | admit | readback | handoff | stage 1 decode | windows per pass |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| runner | concurrency | stage 0 decode | admit | readback | handoff | inbox | stage 1 decode "
+          "| windows per pass |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     print("\n".join(where))
 
 

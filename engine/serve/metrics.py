@@ -27,7 +27,7 @@ class Metrics:
         self.queue_depth = Gauge("lanekeeper_stage_queue_depth", "Requests waiting or running per stage",
                                  ["stage"], registry=self.registry)
         self.stage_seconds = Gauge("lanekeeper_stage_seconds", "Seconds each stage of the current engine has "
-                                   "spent in each part of its loop (stage 0: decode, admit, readback, handoff; "
+                                   "spent in each part of its loop (stage 0: decode, admit, readback, handoff, inbox; "
                                    "stage 1: decode)", ["stage", "part"], registry=self.registry)
         self.code2wav_windows = Gauge("lanekeeper_code2wav_windows", "Windows the current engine's stage 1 has "
                                       "decoded", registry=self.registry)

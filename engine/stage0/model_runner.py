@@ -59,6 +59,9 @@ class ModelRunner:
         self.slots: dict[int, Sequence] = {}
         self.sampling = SlotSampling(self.max_seqs, device)
         self.rows = torch.arange(self.max_seqs, device=device)
+        self.staged_slots = torch.zeros(self.max_seqs, dtype=torch.long, pin_memory=device.type == "cuda")
+        self.staged_rows = self.staged_slots.numpy()
+        self.slots_in = torch.zeros(self.max_seqs, dtype=torch.long, device=device)
         hidden = self.talker.codec_head.weight.shape[1]
         self.in_embeds = torch.zeros(self.max_seqs, 1, hidden, dtype=self.dtype, device=device)
         # The code predictor's 16-position input and KV cache, rows by batch position: a frame rewrites
@@ -90,7 +93,11 @@ class ModelRunner:
         self.sampling.prepare([s.slot for s in seqs], [s.sampler for s in seqs])
 
     def slot_rows(self, seqs: list[Sequence]) -> torch.Tensor:
-        return torch.tensor([s.slot for s in seqs], device=self.device)
+        """These requests' slots on the device, copied from pinned memory: from a list, the copy would wait for
+        the whole frame step.  Once a step: its read-back waits for the copy before the rows are rewritten."""
+        n = len(seqs)
+        self.staged_rows[:n] = [s.slot for s in seqs]
+        return self.slots_in[:n].copy_(self.staged_slots[:n], non_blocking=True)
 
     # -- one frame from the talker's output, shared by both runners
     def next_frame(self, hidden: torch.Tensor, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -182,6 +189,7 @@ class V2Runner(ModelRunner):
                            device)
         self.in_pos = torch.zeros(self.max_seqs, 1, dtype=torch.long, device=device)
         self.host_pos = torch.zeros(self.max_seqs, 1, dtype=torch.long, pin_memory=device.type == "cuda")
+        self.host_pos_rows = self.host_pos.numpy()   # written a row per request each step, without a torch call
         self.buckets = _buckets(self.capacity)
         captured = graphs and device.type == "cuda"
         keys = [(bs, kl) for bs in self.capture_sizes for kl in self.buckets] if captured else []
@@ -243,7 +251,7 @@ class V2Runner(ModelRunner):
         (holes are padding)."""
         self.prepare(seqs)
         for s in seqs:
-            self.host_pos[s.slot, 0] = s.num_tokens
+            self.host_pos_rows[s.slot, 0] = s.num_tokens
             s.num_tokens += 1
         self.in_pos.copy_(self.host_pos, non_blocking=True)
         n = max(self.slots) + 1

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 
 from engine.process.owner import Owner
 from engine.process.queues import close_queues
@@ -49,9 +50,10 @@ def run(profile, queues, owner: Owner, faults=()) -> None:
                 stall_forever()
             if talker.faults.should_die(talker.finished, talker.longest()):
                 os._exit(1)
-            for msg in drain(in_q, block=not talker.busy, owner=owner):
-                if not _handle(talker, msg, handoff_q, out_q):
-                    return
+            with talker.clock.part("inbox") if talker.busy else nullcontext():
+                for msg in drain(in_q, block=not talker.busy, owner=owner):
+                    if not _handle(talker, msg, handoff_q, out_q):
+                        return
             if talker.busy:
                 try:
                     talker.step()

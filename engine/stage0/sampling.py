@@ -1,7 +1,9 @@
 """Sampling as Qwen3-TTS does it: repetition penalty, temperature, top-k, top-p.
 
-Each request owns a torch.Generator seeded from its seed and draws the 16 uniforms of
-a frame (codebook 0, then 1..15) from it at once, on the host, before the frame step.
+Each request owns a torch.Generator seeded from its seed and takes the 16 uniforms of
+a frame (codebook 0, then 1..15) from it, on the host, before the frame step.  It draws
+them DRAWN_FRAMES frames at a time: the same numbers as a draw per frame (the generator's
+stream does not depend on how it is cut), for one call where a frame step at C64 made 64.
 A request's tokens therefore never depend on what else is in the batch, on the
 runner, or on graph mode.  Everything after the draw runs on the device from per-slot
 tensors, with no host sync, so a whole frame step can sit in one CUDA graph.
@@ -10,11 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from engine.models import kernels
 from engine.models.graphs import capturing
 from engine.models.presets import CODEBOOK_SIZE, CODEBOOKS, CODEC_VOCAB, CODEC_EOS
+
+DRAWN_FRAMES = 64
 
 
 @dataclass
@@ -80,6 +85,7 @@ class RequestSampler:
         self.params = params
         self.gen = torch.Generator().manual_seed(params.seed)
         self.frames = 0
+        self.drawn = np.zeros((0, CODEBOOKS), dtype=np.float32)   # uniforms drawn and not yet taken
 
     def must_stop(self) -> bool:
         """The request ends now, whatever the model says: max_tokens, or the synthetic length, reached."""
@@ -90,11 +96,14 @@ class RequestSampler:
         """Whether the model may choose a stop token this frame."""
         return self.frames >= self.params.min_tokens and self.params.target_frames is None
 
-    def uniforms(self) -> torch.Tensor | None:
+    def uniforms(self) -> np.ndarray | None:
         """This frame's 16 draws, or None when the frame draws nothing (greedy, or a forced stop)."""
         if self.params.temperature <= 0 or self.must_stop():
             return None
-        return torch.rand(CODEBOOKS, generator=self.gen)
+        if not len(self.drawn):
+            self.drawn = torch.rand(DRAWN_FRAMES, CODEBOOKS, generator=self.gen).numpy()
+        u, self.drawn = self.drawn[0], self.drawn[1:]
+        return u
 
     def emitted(self, token: int) -> bool:
         """Record this frame's codebook-0 token (the forced stop already applied); True if it ends the request."""
@@ -120,6 +129,7 @@ class SlotSampling:
         self.u = torch.zeros(slots, CODEBOOKS, device=device)
         pin = device.type == "cuda"
         self.host_u = torch.zeros(slots, CODEBOOKS, pin_memory=pin)
+        self.host_u_rows = self.host_u.numpy()   # the same memory: a row written here costs no torch call
         self.may_stop: dict[int, bool] = {}
         self.host: dict[int, tuple[int, float]] = {}   # slot -> (top_k, top_p) of the request in it
         self.max_k: int | None = 1      # the largest top-k admitted, None for the whole vocabulary
@@ -162,7 +172,7 @@ class SlotSampling:
                 self._set_stops(slot, sampler)
             u = sampler.uniforms()
             if u is not None:
-                self.host_u[slot] = u
+                self.host_u_rows[slot] = u
         self.u.copy_(self.host_u, non_blocking=True)
 
     def first(self, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -34,9 +34,10 @@ class Talker:
         self.started: dict[str, float] = {}
         self.steps = self.finished = 0
         self.stepping: list[Sequence] = []   # the requests the current step is working on
-        # admit: new requests' prefills; decode: the step itself; readback: waiting for its codes;
-        # handoff: windows to stage 1 and finished requests
-        self.clock = Clock("decode", "admit", "readback", "handoff")
+        # admit: new requests' prefills; decode: the step itself; readback: waiting for its codes and reading
+        # them; handoff: windows to stage 1 and finished requests; inbox: the engine's messages (new requests'
+        # prompts, aborts) taken between steps while requests run
+        self.clock = Clock("decode", "admit", "readback", "handoff", "inbox")
 
     def close(self) -> None:
         self.backend.close()

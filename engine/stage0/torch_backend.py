@@ -37,12 +37,12 @@ class TorchBackend(Backend):
         with clock.part("decode"):
             codes = self.runner.decode(seqs)
         with clock.part("readback"):
-            codes = codes.cpu().numpy()   # the step's one read-back
-        out = {}
-        for seq, frame in zip(seqs, codes):
-            sampler = seq.sampler
-            finished = sampler.emitted(sampler.params.stops[0] if sampler.must_stop() else int(frame[0]))
-            out[seq.request_id] = Produced([] if finished else [frame], finished)
+            codes = codes.cpu().numpy()   # the step's one read-back, then each row's frame
+            out = {}
+            for seq, frame in zip(seqs, codes):
+                sampler = seq.sampler
+                finished = sampler.emitted(sampler.params.stops[0] if sampler.must_stop() else int(frame[0]))
+                out[seq.request_id] = Produced([] if finished else [frame], finished)
         return out
 
     def release(self, seq: Sequence) -> None:

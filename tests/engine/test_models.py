@@ -13,7 +13,7 @@ from engine.models import CheckpointError, build_models, save_checkpoint
 from engine.models.code2wav import CausalConv
 from engine.models.presets import PRESETS, SAMPLES_PER_FRAME
 from engine.request import RequestError, SpeechRequest
-from engine.stage0.sampling import RequestSampler, SamplingParams, SlotSampling, sample
+from engine.stage0.sampling import DRAWN_FRAMES, RequestSampler, SamplingParams, SlotSampling, sample
 from tests.helpers.reference import reference_run
 
 
@@ -130,10 +130,12 @@ def test_sampling_is_per_request():
 
 
 def test_a_frame_draws_its_uniforms_at_once_in_codebook_order():
-    """16 draws a frame from the request's own generator: the stream a draw per codebook would give."""
+    """16 draws a frame from the request's own generator: the stream a draw per codebook would give,
+    across the blocks of frames it draws at once."""
     sampler, gen = RequestSampler(_params(seed=9)), torch.Generator().manual_seed(9)
-    for _ in range(3):
-        assert torch.equal(sampler.uniforms(), torch.cat([torch.rand(1, generator=gen) for _ in range(16)]))
+    for _ in range(DRAWN_FRAMES + 3):
+        expected = torch.cat([torch.rand(1, generator=gen) for _ in range(16)])
+        assert torch.equal(torch.from_numpy(sampler.uniforms()), expected)
     assert RequestSampler(_params(temperature=0.0)).uniforms() is None
 
 
