@@ -176,9 +176,14 @@ class VllmBackend(Backend):
         if "VLLM_RPC_BASE_PATH" not in os.environ:
             self.ipc_dir = tempfile.mkdtemp(prefix=f"{IPC_PREFIX}{os.getpid()}-")
             os.environ["VLLM_RPC_BASE_PATH"] = self.ipc_dir
-        with runner_env(profile):
-            self.llm = LLMEngine.from_engine_args(engine_args(profile))
-            self.name = "v2" if self.llm.vllm_config.use_v2_model_runner else "v1"
+        try:
+            with runner_env(profile):
+                self.llm = LLMEngine.from_engine_args(engine_args(profile))
+                self.name = "v2" if self.llm.vllm_config.use_v2_model_runner else "v1"
+        except BaseException:   # no engine to close(): its folder goes now (a refused v2 on CPU, say)
+            if self.ipc_dir:
+                shutil.rmtree(self.ipc_dir, ignore_errors=True)
+            raise
         self.start_s = time.monotonic() - t0
         # The code predictor's slots and sampling state; graphs and runner choice apply to vLLM.
         self.runner = make_runner("v1", self.models, self.stage, self.device, False, self.stage.max_model_len)

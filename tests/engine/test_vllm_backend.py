@@ -69,8 +69,23 @@ def test_v2_on_cpu_is_refused_with_vllms_reason():
     reason = unsupported(resolve("qwen3_tts", platform="cpu", overrides=["backend=vllm", "model_runner=v2"]))
     assert reason and reason.startswith("vLLM v2 on cpu: ") and "Triton" in reason
     assert unsupported(_vllm_profile()) is None
+    t0 = time.time()
     with pytest.raises(EngineError, match="stage 0 .* failed during start-up: .*Model Runner V2 requires Triton"):
         TTSEngine(resolve("qwen3_tts", platform="cpu", overrides=["backend=vllm", "model_runner=v2"]))
+    assert not _ipc_folders_of_ended_stages(since=t0), "the refused engine's IPC folder was left behind"
+
+
+def _ipc_folders_of_ended_stages(since: float) -> list[Path]:
+    """vLLM IPC folders made since then whose stage process has ended (other tests' live engines keep theirs)."""
+    left = []
+    for folder in Path(tempfile.gettempdir()).glob(f"{IPC_PREFIX}*"):
+        try:
+            made = folder.stat().st_mtime
+        except FileNotFoundError:   # another test's engine closed meanwhile
+            continue
+        if made >= since - 1 and not psutil.pid_exists(int(folder.name[len(IPC_PREFIX):].split("-")[0])):
+            left.append(folder)
+    return left
 
 
 @needs_vllm
