@@ -5,12 +5,14 @@ transposes).  The eager path is engine/models/layers.py's Attention with a Stati
 
 Where the layer's input norm was folded into the q/k/v product (`RMSNorm.fold_into`), the product ran on
 the unnormed rows, and this kernel scales each token's q, k and v by 1 / rms of its input row as it reads
-them: the norm's kernel before the product is saved."""
+them (engine/models/kernels/rows.py): the norm's kernel before the product is saved.  Each row's scale is
+computed once a program, for this step's tokens, and the queries take theirs from it."""
 from __future__ import annotations
 
 import torch
 
 from engine.models.kernels.jit import compiled, tl, triton
+from engine.models.kernels.rows import _row_scale
 
 
 def _decode_kernel(qkv_ptr, x_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, pos_ptr, pos_row, pos_step, k_cache_ptr,
@@ -45,7 +47,8 @@ def _decode_kernel(qkv_ptr, x_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, pos
     token = b * steps + m // G
     head = kv * G + m % G
     q_pos = tl.load(pos_ptr + b * pos_row + (m // G) * pos_step, mask=live, other=-1)
-    q_scale = _row_scale(x_ptr, token, live, hidden, x_eps, SCALED, M, BLOCK_H)
+    # each query's token is one of this step's: its row's scale is k_scale's, picked out, not loaded again
+    q_scale = tl.sum(tl.where((m // G)[:, None] == s[None, :], k_scale[None, :], 0.0), 1)
     src = qkv_ptr + token.to(tl.int64)[:, None] * width + head[:, None] * D
     q = _normed_rotated(src, q_scale, q_norm_ptr, cos_ptr, sin_ptr, q_pos, live, d, partner, eps, D)
     q = q.to(k_cache_ptr.dtype.element_ty)
@@ -71,19 +74,6 @@ def _decode_kernel(qkv_ptr, x_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, pos
     out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
     tl.store(out_ptr + (token.to(tl.int64) * heads + head)[:, None] * D + d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=live[:, None])
-
-
-def _row_scale(x_ptr, tokens, live, hidden, eps, SCALED: tl.constexpr, R: tl.constexpr, BLOCK_H: tl.constexpr):
-    """1 / rms of the input rows of these tokens [R] (the input norm, folded into the product), or ones."""
-    if not SCALED:
-        return tl.full((R,), 1.0, tl.float32)
-    squares = tl.zeros((R,), tl.float32)
-    for start in range(0, hidden, BLOCK_H):
-        h = start + tl.arange(0, BLOCK_H)
-        x = tl.load(x_ptr + tokens.to(tl.int64)[:, None] * hidden + h[None, :],
-                    mask=live[:, None] & (h < hidden)[None, :], other=0.0).to(tl.float32)
-        squares += tl.sum(x * x, 1)
-    return 1.0 / tl.sqrt(squares / hidden + eps)
 
 
 def _normed_rotated(src, row_scale, norm_ptr, cos_ptr, sin_ptr, pos, live, d, partner, eps, D: tl.constexpr):
@@ -124,6 +114,6 @@ def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
         qkv, normed if normed is not None else qkv, q_norm, k_norm, cos, sin, positions, positions.stride(0),
         positions.stride(1), k_cache, v_cache, out, first_row, s, heads, key_len, k_cache.stride(0),
         k_cache.stride(1), eps, d ** -0.5, hidden, norm_eps, SCALED=normed is not None,
-        BLOCK_H=min(256, triton.next_power_of_2(hidden)), G=group, M=max(16, triton.next_power_of_2(s * group)),
-        S=triton.next_power_of_2(s), D=d, BLOCK=64)
+        BLOCK_H=min(max(1024 // triton.next_power_of_2(s), 64), triton.next_power_of_2(hidden)), G=group,
+        M=max(16, triton.next_power_of_2(s * group)), S=triton.next_power_of_2(s), D=d, BLOCK=64)
     return out.view(b, s, heads * d)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import torch
 
 from engine.models.kernels.jit import compiled, tl, triton
+from engine.models.kernels.rows import _row_scale
 
 
 # -- SwiGLU's activation: silu(gate) * up from the gate_up product [..., 2I]; SCALED, both halves first
-# multiplied by 1 / rms(x) of the product's input row (the norm, applied after the product it commutes with)
+# multiplied by 1 / rms(x) of the product's input row (the norm, applied after the product it commutes with:
+# engine/models/kernels/rows.py)
 
 def _swiglu_kernel(gate_up_ptr, x_ptr, out_ptr, inter, hidden, eps, SCALED: tl.constexpr, BLOCK: tl.constexpr,
                    BLOCK_H: tl.constexpr):
@@ -17,11 +19,9 @@ def _swiglu_kernel(gate_up_ptr, x_ptr, out_ptr, inter, hidden, eps, SCALED: tl.c
     inside = offs < inter
     gate = tl.load(gate_up_ptr + row * 2 * inter + offs, mask=inside, other=0.0).to(tl.float32)
     up = tl.load(gate_up_ptr + row * 2 * inter + inter + offs, mask=inside, other=0.0).to(tl.float32)
-    if SCALED:
-        h = tl.arange(0, BLOCK_H)
-        x = tl.load(x_ptr + row * hidden + h, mask=h < hidden, other=0.0).to(tl.float32)
-        scale = 1.0 / tl.sqrt(tl.sum(x * x, 0) / hidden + eps)
-        gate, up = gate * scale, up * scale
+    one = tl.arange(0, 1)
+    scale = tl.sum(_row_scale(x_ptr, row + one, one < 1, hidden, eps, SCALED, 1, BLOCK_H), 0)
+    gate, up = gate * scale, up * scale
     tl.store(out_ptr + row * inter + offs, (gate * tl.sigmoid(gate) * up).to(out_ptr.dtype.element_ty), mask=inside)
 
 
@@ -37,7 +37,7 @@ def swiglu(gate_up: torch.Tensor, normed: torch.Tensor | None = None, eps: float
         normed = normed.contiguous()
         assert normed.numel() == rows * hidden
     block = 1024
-    compiled(_swiglu_kernel)[(rows, triton.cdiv(inter, block))](
+    compiled(_swiglu_kernel, _row_scale)[(rows, triton.cdiv(inter, block))](
         gate_up, normed if normed is not None else gate_up, out, inter, hidden, eps, SCALED=normed is not None,
-        BLOCK=block, BLOCK_H=triton.next_power_of_2(hidden))
+        BLOCK=block, BLOCK_H=min(1024, triton.next_power_of_2(hidden)))
     return out
