@@ -17,7 +17,7 @@ import argparse
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from engine.models import build_models
+from engine.models.build import build_models
 from engine.models.presets import SAMPLE_RATE, SAMPLES_PER_FRAME
 from engine.profile.resolve import resolve
 

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from engine.models import build_models
+from engine.models.build import build_models
 from engine.models.graphs import GraphPool
 from engine.models.presets import SAMPLE_RATE, SAMPLES_PER_FRAME
 from engine.profile.resolve import resolve

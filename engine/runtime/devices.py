@@ -19,10 +19,13 @@ class PlatformUnavailable(UserError):
 
 
 def usable_platform(platform: str, cpu_fallback: bool) -> str:
-    """The platform the stages will run on: the profile's own, or "cpu" when falling back."""
+    """The platform the stages will run on: the profile's own, or "cpu" when falling back.  Only a device
+    platform asks torch, which a CPU engine's client process then never imports."""
+    if platform == "cpu":
+        return platform
     import torch
 
-    if platform == "cpu" or (platform == "cuda" and torch.cuda.is_available()):
+    if platform == "cuda" and torch.cuda.is_available():
         return platform
     why = "no CUDA device is visible" if platform == "cuda" else "this engine has no device code for it"
     if not cpu_fallback:

@@ -11,10 +11,19 @@ from engine.process.owner import Owner, join_group
 from engine.process.stacks import dump_stacks_on_signal
 from engine.process.tree import name_process
 from engine.runtime.registry import REGISTRY
-from engine.stage0.process import run as run_stage0
-from engine.stage1.process import run as run_stage1
 
-STAGES = (run_stage0, run_stage1)
+# Each stage's module, whose `run` the stage process runs (`_stage_run`).  Named here, imported there: they
+# import torch, which the process starting the engine (a client, the server, a pytest run) does not need;
+# the fork server imports them once, and the stages it forks find them imported.
+STAGES = ("engine.stage0.process", "engine.stage1.process")
+
+
+def _stage_run(stage_id: int):
+    if stage_id == 0:
+        from engine.stage0.process import run
+        return run
+    from engine.stage1.process import run
+    return run
 
 
 def stage_context():
@@ -22,7 +31,7 @@ def stage_context():
     spawned stage spends about 2.4 CPU-s importing them, and a CI lane starts engines by the hundred.
     The server, like multiprocessing's resource tracker, ends when the process that started it does."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([run.__module__ for run in STAGES])
+    ctx.set_forkserver_preload(list(STAGES))
     return ctx
 
 
@@ -56,7 +65,7 @@ def stage_main(stage_id: int, leader_pid: int | None, profile, queues, owner_pid
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the engine, not ^C, ends stages
     for q in queues[1:]:   # what this stage sends: its exit must never wait for a reader to drain it
         q.cancel_join_thread()
-    STAGES[stage_id](profile, queues, Owner(owner_pid), faults)
+    _stage_run(stage_id)(profile, queues, Owner(owner_pid), faults)
 
 
 def start_stages(ctx, profile, queues, faults) -> list:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.models import build_models
+from engine.models.build import build_models
 from engine.stage.loop import device_for
 from engine.stage0.backend import Backend, Produced
 from engine.stage0.model_runner import Sequence, make_runner

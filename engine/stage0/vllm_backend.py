@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from engine.models import tokenizer as tok
-from engine.models import build_models
+from engine.models.build import build_models
 from engine.stage.loop import device_for
 from engine.stage0.backend import Backend, Produced
 from engine.stage0.model_runner import Sequence, make_runner

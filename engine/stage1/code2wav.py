@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from engine.models.graphs import GraphPool, padded
-from engine.models import build_models
+from engine.models.build import build_models
 from engine.models.presets import CODEBOOKS, SAMPLES_PER_FRAME
 from engine.request import AudioChunk
 from engine.stage.faults import Injector

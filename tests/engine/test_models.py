@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from engine.profile.resolve import resolve
 from engine.stage0.handoff import HandoffPolicy
 from engine.profile.schema import Connector
-from engine.models import CheckpointError, build_models, save_checkpoint
+from engine.models.build import CheckpointError, build_models, save_checkpoint
 from engine.models.code2wav import CausalConv
 from engine.models.presets import PRESETS, SAMPLES_PER_FRAME
 from engine.request import RequestError, SpeechRequest

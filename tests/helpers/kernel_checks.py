@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.models import build_models, kernels
+from engine.models import kernels
+from engine.models.build import build_models
 from engine.models.kernels import jit
 from engine.models.kernels.jit import triton
 from engine.models.code2wav import ResidualUnit, SnakeBeta

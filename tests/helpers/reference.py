@@ -3,12 +3,9 @@ the test process on the simplest path (runner v1, eager, one request at a time).
 import dataclasses
 
 import numpy as np
-import torch
 
 from engine.profile.resolve import resolve
 from engine.stage.messages import Codes
-from engine.models import build_models
-from engine.stage0.process import make_talker
 
 
 def check_as_shipped(engine, request, record_property):
@@ -34,6 +31,13 @@ def reference_runs(requests, backend="torch", profile_name="qwen3_tts"):
     the simplest path through the same models (on the same stage-0 backend), which every
     matrix cell must reproduce.
     """
+    # torch and the models load here, in the runs whose tests ask for a reference: the others (a lane's
+    # as-shipped test, say) start their engines without loading torch into the test process
+    import torch
+
+    from engine.models.build import build_models
+    from engine.stage0.process import make_talker
+
     profile = resolve(profile_name, platform="cpu",
                       overrides=["model_runner=v1", "stages.0.enforce_eager=true", f"backend={backend}"])
     codec = build_models(parts=("codec",)).codec
