@@ -1,6 +1,8 @@
 """The layout holds: the declared layers, no import circles (imports inside functions count), short
-modules and functions, and no private names of other projects."""
+modules and functions, no private names of other projects, and torch only where the models run."""
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import grimp
@@ -9,6 +11,25 @@ from importlinter.cli import lint_imports
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted(p for pkg in ("engine", "ci") for p in (ROOT / pkg).rglob("*.py"))
+
+
+def test_a_cpu_engines_client_never_imports_torch():
+    """The stages compute with torch; the process that starts them (a test, a lane's pytest run, the
+    server) need not load it, and a suite that starts engines by the hundred would pay for it each time."""
+    code = """if True:
+        import sys
+        import engine.serve.app
+        from engine.profile.resolve import resolve
+        from engine.request import SpeechRequest
+        from engine.runtime.engine import TTSEngine
+        with TTSEngine(resolve("qwen3_tts", platform="cpu")) as engine:
+            (result,) = engine.generate([SpeechRequest("Hello.", task_type="CustomVoice", voice="ryan")])
+        assert result.ok and len(result.audio) > 0, result.error
+        print(sorted(m for m in sys.modules if m.split(".")[0] == "torch"))
+    """
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == "[]"
 
 
 def test_import_contracts_hold():
