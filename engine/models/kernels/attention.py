@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from engine.models.kernels.jit import compiled, tl, triton
-from engine.models.kernels.rows import _row_scale
+from engine.models.kernels.rows import _row_scale, row_inputs
 
 
 def _decode_kernel(qkv_ptr, x_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, pos_ptr, pos_row, pos_step, k_cache_ptr,
@@ -103,17 +103,14 @@ def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
     d = k_cache.shape[-1]
     assert k_cache.stride(-1) == 1 and k_cache.stride(-2) == d and v_cache.stride() == k_cache.stride()
     qkv = qkv.contiguous()
-    hidden = 1
-    if normed is not None:
-        normed, hidden = normed.contiguous(), normed.shape[-1]
-        assert normed.numel() == b * s * hidden
+    x, hidden = row_inputs(normed, b * s, qkv)
     out = torch.empty(b, s, heads, d, dtype=qkv.dtype, device=qkv.device)
     cos, sin = rope_tables
     group = heads // kv_heads
+    block_h = min(max(1024 // triton.next_power_of_2(s), 64), triton.next_power_of_2(hidden))
     compiled(_decode_kernel, _row_scale, _normed_rotated)[(b, kv_heads)](
-        qkv, normed if normed is not None else qkv, q_norm, k_norm, cos, sin, positions, positions.stride(0),
-        positions.stride(1), k_cache, v_cache, out, first_row, s, heads, key_len, k_cache.stride(0),
-        k_cache.stride(1), eps, d ** -0.5, hidden, norm_eps, SCALED=normed is not None,
-        BLOCK_H=min(max(1024 // triton.next_power_of_2(s), 64), triton.next_power_of_2(hidden)), G=group,
-        M=max(16, triton.next_power_of_2(s * group)), S=triton.next_power_of_2(s), D=d, BLOCK=64)
+        qkv, x, q_norm, k_norm, cos, sin, positions, positions.stride(0), positions.stride(1), k_cache, v_cache,
+        out, first_row, s, heads, key_len, k_cache.stride(0), k_cache.stride(1), eps, d ** -0.5, hidden, norm_eps,
+        SCALED=normed is not None, BLOCK_H=block_h, G=group, M=max(16, triton.next_power_of_2(s * group)),
+        S=triton.next_power_of_2(s), D=d, BLOCK=64)
     return out.view(b, s, heads * d)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.models.kernels.jit import compiled, tl, triton
-from engine.models.kernels.rows import _row_scale
+from engine.models.kernels.rows import _row_scale, row_inputs
 
 
 # -- SwiGLU's activation: silu(gate) * up from the gate_up product [..., 2I]; SCALED, both halves first
@@ -32,12 +32,9 @@ def swiglu(gate_up: torch.Tensor, normed: torch.Tensor | None = None, eps: float
     inter = gate_up.shape[-1] // 2
     out = torch.empty(*gate_up.shape[:-1], inter, dtype=gate_up.dtype, device=gate_up.device)
     rows = gate_up.numel() // gate_up.shape[-1]
-    hidden = normed.shape[-1] if normed is not None else 1
-    if normed is not None:
-        normed = normed.contiguous()
-        assert normed.numel() == rows * hidden
+    x, hidden = row_inputs(normed, rows, gate_up)
     block = 1024
     compiled(_swiglu_kernel, _row_scale)[(rows, triton.cdiv(inter, block))](
-        gate_up, normed if normed is not None else gate_up, out, inter, hidden, eps, SCALED=normed is not None,
+        gate_up, x, out, inter, hidden, eps, SCALED=normed is not None,
         BLOCK=block, BLOCK_H=min(1024, triton.next_power_of_2(hidden)))
     return out

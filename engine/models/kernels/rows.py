@@ -3,7 +3,19 @@
 the kernel reading the product applies it, and no norm kernel runs before the product."""
 from __future__ import annotations
 
+import torch
+
 from engine.models.kernels.jit import tl
+
+
+def row_inputs(normed: torch.Tensor | None, rows: int, stand_in: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """What a kernel's x_ptr and `hidden` take: the product's input rows (contiguous, `rows` of them) and
+    their width; without them, `stand_in` for a pointer the kernel never reads (SCALED off) and width 1."""
+    if normed is None:
+        return stand_in, 1
+    normed = normed.contiguous()
+    assert normed.numel() == rows * normed.shape[-1]
+    return normed, normed.shape[-1]
 
 
 def _row_scale(x_ptr, tokens, live, hidden, eps, SCALED: tl.constexpr, R: tl.constexpr, BLOCK_H: tl.constexpr):
