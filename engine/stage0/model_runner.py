@@ -24,6 +24,7 @@ from torch.nn.utils.rnn import pad_sequence
 from engine.models.graphs import GraphPool, padded
 from engine.models.kv_cache import DynamicView, RequestKV, StaticKV
 from engine.models.presets import CODEBOOKS
+from engine.stage0.kv_budget import buckets, fit_kv
 from engine.stage0.sampling import RequestSampler, SlotSampling
 
 
@@ -62,6 +63,9 @@ class ModelRunner:
         self.staged_slots = torch.zeros(self.max_seqs, dtype=torch.long, pin_memory=device.type == "cuda")
         self.staged_rows = self.staged_slots.numpy()
         self.slots_in = torch.zeros(self.max_seqs, dtype=torch.long, device=device)
+        # A step is launched before the one ahead is read back (torch_backend.py): the pinned buffers its inputs
+        # come from are rewritten once this event, after those copies and ahead of the step's compute, is past.
+        self.copied = torch.cuda.Event() if device.type == "cuda" else None
         hidden = self.talker.codec_head.weight.shape[1]
         self.in_embeds = torch.zeros(self.max_seqs, 1, hidden, dtype=self.dtype, device=device)
         # The code predictor's 16-position input and KV cache, rows by batch position: a frame rewrites
@@ -88,16 +92,25 @@ class ModelRunner:
             self.sampling.release(seq.slot)
             seq.slot = None
 
+    def pinned_free(self) -> None:
+        """Waits until the last step's copies out of pinned memory have run (at once, in practice)."""
+        if self.copied is not None:
+            self.copied.synchronize()
+
     def prepare(self, seqs: list[Sequence]) -> None:
         """Before these rows step: their uniforms and stop masks reach the device in one copy."""
+        self.pinned_free()
         self.sampling.prepare([s.slot for s in seqs], [s.sampler for s in seqs])
 
     def slot_rows(self, seqs: list[Sequence]) -> torch.Tensor:
         """These requests' slots on the device, copied from pinned memory: from a list, the copy would wait for
-        the whole frame step.  Once a step: its read-back waits for the copy before the rows are rewritten."""
+        the whole frame step.  The step's last copy of its inputs: `copied` follows it."""
         n = len(seqs)
         self.staged_rows[:n] = [s.slot for s in seqs]
-        return self.slots_in[:n].copy_(self.staged_slots[:n], non_blocking=True)
+        rows = self.slots_in[:n].copy_(self.staged_slots[:n], non_blocking=True)
+        if self.copied is not None:
+            self.copied.record()
+        return rows
 
     # -- one frame from the talker's output, shared by both runners
     def next_frame(self, hidden: torch.Tensor, logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -182,7 +195,7 @@ class V2Runner(ModelRunner):
     def __init__(self, models, stage_cfg, device, graphs, max_len):
         super().__init__(models, stage_cfg, device, graphs, max_len)
         shape = self.talker.shape
-        self.capacity = _fit_kv(shape, self.max_seqs, max_len, self.dtype, device, stage_cfg.gpu_memory_utilization)
+        self.capacity = fit_kv(shape, self.max_seqs, max_len, self.dtype, device, stage_cfg.gpu_memory_utilization)
         # one spare slot past the persistent batch: a captured prefill's padding rows write there
         self.spare = self.max_seqs
         self.kv = StaticKV(shape.layers, self.max_seqs + 1, self.capacity, shape.kv_heads, shape.head_dim, self.dtype,
@@ -190,7 +203,7 @@ class V2Runner(ModelRunner):
         self.in_pos = torch.zeros(self.max_seqs, 1, dtype=torch.long, device=device)
         self.host_pos = torch.zeros(self.max_seqs, 1, dtype=torch.long, pin_memory=device.type == "cuda")
         self.host_pos_rows = self.host_pos.numpy()   # written a row per request each step, without a torch call
-        self.buckets = _buckets(self.capacity)
+        self.buckets = buckets(self.capacity)
         captured = graphs and device.type == "cuda"
         keys = [(bs, kl) for bs in self.capture_sizes for kl in self.buckets] if captured else []
         self.pool = GraphPool(self._frame, keys, device) if graphs else None
@@ -211,6 +224,7 @@ class V2Runner(ModelRunner):
 
     def release(self, seq: Sequence) -> None:
         if seq.slot is not None:
+            self.pinned_free()
             self.host_pos[seq.slot] = 0
         super().release(seq)
 
@@ -230,6 +244,7 @@ class V2Runner(ModelRunner):
             self._prefill(pad_sequence(prompts, batch_first=True), torch.tensor(slots, device=self.device))
             return
         self.prefill_in[:k, :width] = pad_sequence(prompts, batch_first=True)
+        self.pinned_free()
         self.host_slots[:k] = torch.tensor(slots)
         self.host_slots[k:] = self.spare
         self.prefill_slots.copy_(self.host_slots, non_blocking=True)
@@ -254,46 +269,12 @@ class V2Runner(ModelRunner):
             self.host_pos_rows[s.slot, 0] = s.num_tokens
             s.num_tokens += 1
         self.in_pos.copy_(self.host_pos, non_blocking=True)
+        rows = self.slot_rows(seqs)
         n = max(self.slots) + 1
         key_len = next(b for b in self.buckets if b >= max(s.num_tokens for s in self.slots.values()))
         bs = padded(self.capture_sizes, n) if self.pool else None
         codes = self.pool(bs, key_len) if bs else self._frame(n, key_len)
-        return codes[self.slot_rows(seqs)]
-
-
-class CapacityError(RuntimeError):
-    """The profile asks for more static KV cache than the memory budget allows."""
-
-
-def _fit_kv(shape, slots, max_len, dtype, device, utilization) -> int:
-    """Positions of static KV cache per slot: max_len when slots x max_len fits the memory budget, else
-    as many as do fit (requests longer than that are refused one by one), down to a floor."""
-    per_position = 2 * shape.layers * shape.kv_heads * shape.head_dim * torch.finfo(dtype).bits // 8
-    if device.type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
-    else:
-        import psutil
-
-        total = psutil.virtual_memory().total
-    budget = utilization * total
-    fits = min(max_len, int(budget // (slots * per_position)) // 256 * 256)
-    if fits < min(max_len, 512):
-        gib = 1024 ** 3
-        raise CapacityError(
-            f"runner v2's static KV cache for {slots} seqs needs {slots * min(max_len, 512) * per_position / gib:.1f} "
-            f"GiB for even {min(max_len, 512)} positions each, but stages.0.gpu_memory_utilization={utilization} of "
-            f"{total / gib:.0f} GiB on {device.type} allows {budget / gib:.1f} GiB; lower stages.0.max_num_seqs, "
-            f"raise stages.0.gpu_memory_utilization, or use runner v1")
-    return fits
-
-
-def _buckets(kv_len: int) -> list[int]:
-    """Key lengths a decode step attends over: powers of two from 256, then the whole cache."""
-    out, b = [], 256
-    while b < kv_len:
-        out.append(b)
-        b *= 2
-    return out + [kv_len]
+        return codes[rows]
 
 
 def make_runner(name: str, models, stage_cfg, device, graphs: bool, max_len: int) -> ModelRunner:

@@ -9,7 +9,7 @@ from engine.process.queues import close_queues
 from engine.stage.loop import Heart, drain, fatal, setup_torch, stall_forever
 from engine.stage.messages import Abort, Add, Ready, Stop
 from engine.stage0.backend import Backend
-from engine.stage0.model_runner import CapacityError
+from engine.stage0.kv_budget import CapacityError
 from engine.stage0.talker import Talker
 from engine.stage0.torch_backend import TorchBackend
 from engine.stage0.vllm_backend import VllmBackend

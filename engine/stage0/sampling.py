@@ -84,21 +84,32 @@ class RequestSampler:
     def __init__(self, params: SamplingParams):
         self.params = params
         self.gen = torch.Generator().manual_seed(params.seed)
-        self.frames = 0
+        self.frames = 0     # frames read back and emitted
+        self.launched = 0   # frame steps launched: ahead of `frames` by the one in flight, if any
         self.drawn = np.zeros((0, CODEBOOKS), dtype=np.float32)   # uniforms drawn and not yet taken
+
+    def _forced(self, frames: int) -> bool:
+        p = self.params
+        return frames >= p.max_tokens or (p.target_frames is not None and frames >= p.target_frames)
 
     def must_stop(self) -> bool:
         """The request ends now, whatever the model says: max_tokens, or the synthetic length, reached."""
-        p = self.params
-        return self.frames >= p.max_tokens or (p.target_frames is not None and self.frames >= p.target_frames)
+        return self._forced(self.frames)
+
+    def spent(self) -> bool:
+        """Its forced stop is already launched: no further frame step can make it anything."""
+        return self.launched > 0 and self._forced(self.launched - 1)
 
     def may_stop(self) -> bool:
-        """Whether the model may choose a stop token this frame."""
-        return self.frames >= self.params.min_tokens and self.params.target_frames is None
+        """Whether the model may choose a stop token in the frame launched next."""
+        return self.launched >= self.params.min_tokens and self.params.target_frames is None
 
     def uniforms(self) -> np.ndarray | None:
-        """This frame's 16 draws, or None when the frame draws nothing (greedy, or a forced stop)."""
-        if self.params.temperature <= 0 or self.must_stop():
+        """The 16 draws of the frame being launched, or None when it draws nothing (greedy, or a forced
+        stop).  A frame's launch counts here: a step may be launched before the one ahead of it is read back,
+        and what a frame may do (stop, draw) follows from the frames launched before it, not those read."""
+        self.launched += 1
+        if self.params.temperature <= 0 or self._forced(self.launched - 1):
             return None
         if not len(self.drawn):
             self.drawn = torch.rand(DRAWN_FRAMES, CODEBOOKS, generator=self.gen).numpy()

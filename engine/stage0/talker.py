@@ -19,7 +19,8 @@ from engine.stage.messages import Codes, StageError
 from engine.stage.stats import TalkerStats
 from engine.stage0.backend import Backend
 from engine.stage0.handoff import HandoffPolicy, Sender
-from engine.stage0.model_runner import CapacityError, Sequence
+from engine.stage0.kv_budget import CapacityError
+from engine.stage0.model_runner import Sequence
 from engine.stage0.sampling import RequestSampler, SamplingParams
 from engine.stage0.scheduler import Scheduler
 

@@ -19,6 +19,7 @@ class TorchBackend(Backend):
         self.runner = make_runner(cfg.model_runner, self.models, stage, self.device, not stage.enforce_eager,
                                   stage.max_model_len)
         self.name, self.capacity, self.synthetic = self.runner.name, self.runner.capacity, self.models.synthetic
+        self.in_flight: Launched | None = None
 
     def info(self) -> dict:
         pool = getattr(self.runner, "pool", None)
@@ -34,16 +35,40 @@ class TorchBackend(Backend):
 
     @torch.no_grad()
     def execute(self, seqs: list[Sequence], clock) -> dict[str, Produced]:
+        """Launches this step, then reads back the step before it: the host's work on one step's frames (and
+        the talker's handoff and inbox after it) runs while the device computes the next.  A request whose
+        stop is read back has had one more step launched, whose frame is dropped."""
+        in_flight, self.in_flight = self.in_flight, None
         with clock.part("decode"):
-            codes = self.runner.decode(seqs)
+            launch = [s for s in seqs if not s.sampler.spent()]   # its last frame is in flight
+            if launch:
+                self.in_flight = Launched(launch, self.runner.decode(launch))
         with clock.part("readback"):
-            codes = codes.cpu().numpy()   # the step's one read-back, then each row's frame
-            out = {}
-            for seq, frame in zip(seqs, codes):
-                sampler = seq.sampler
-                finished = sampler.emitted(sampler.params.stops[0] if sampler.must_stop() else int(frame[0]))
-                out[seq.request_id] = Produced([] if finished else [frame], finished)
-        return out
+            return in_flight.read() if in_flight else {}
 
     def release(self, seq: Sequence) -> None:
         self.runner.release(seq)
+
+
+class Launched:
+    """A launched frame step: its rows, and their codes on their way to the host."""
+
+    def __init__(self, seqs: list[Sequence], codes: torch.Tensor):
+        self.seqs = seqs
+        self.codes = codes.to("cpu", non_blocking=True)
+        self.done = torch.cuda.Event() if codes.is_cuda else None
+        if self.done:
+            self.done.record()
+
+    def read(self) -> dict[str, Produced]:
+        """Each row's frame, for the requests still running (one released meanwhile is not)."""
+        if self.done:
+            self.done.synchronize()
+        out = {}
+        for seq, frame in zip(self.seqs, self.codes.numpy()):
+            if seq.slot is None:
+                continue
+            sampler = seq.sampler
+            finished = sampler.emitted(sampler.params.stops[0] if sampler.must_stop() else int(frame[0]))
+            out[seq.request_id] = Produced([] if finished else [frame], finished)
+        return out

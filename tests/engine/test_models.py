@@ -259,7 +259,7 @@ def test_v2_fits_its_kv_cache_to_the_budget_and_refuses_only_what_does_not_fit()
     import psutil
     from tests.helpers.reference import Inbox
     from engine.stage.messages import StageError
-    from engine.stage0.model_runner import CapacityError
+    from engine.stage0.kv_budget import CapacityError
     from engine.stage0.process import make_talker
 
     tiny = PRESETS["tiny"].talker

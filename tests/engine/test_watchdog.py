@@ -41,7 +41,8 @@ def test_stall_stage_0_is_stage_stall():
         assert time.monotonic() - t0 < 8
         pids = engine.pids()
     e = err.value.diagnosis
-    assert e.stage == 0 and e.frames_produced >= 3 and e.cell == engine.profile.cell
+    # three steps launched, and the frames of all but the last one read back (it stays in flight)
+    assert e.stage == 0 and e.frames_produced >= 2 and e.cell == engine.profile.cell
     assert gone(pids)
 
 
