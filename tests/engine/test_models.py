@@ -221,6 +221,34 @@ def test_runners_agree_in_process(overrides):
         np.testing.assert_array_equal(codes[r.request_id], reference_run(r)[0])
 
 
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_a_request_is_launched_once_a_frame_and_once_for_its_stop(runner):
+    """A step is launched before the one ahead of it is read back, so a request's end is read a step late; a
+    forced stop (max_new_tokens, the synthetic length) is known at launch, and no step runs past it."""
+    from tests.helpers.reference import Inbox
+    from engine.stage.messages import Codes
+    from engine.stage0.process import make_talker
+
+    profile = resolve("qwen3_tts", platform="cpu", overrides=[f"model_runner={runner}", "stages.0.max_model_len=256"])
+    out = Inbox()
+    talker = make_talker(profile, Inbox(), out)
+    text = "edge " * 30
+    prompt = talker.backend.models.talker.prompt_embeds(SpeechRequest(text)).shape[0]
+    # the longest request the KV cache takes (prompt, frames and the stop step), and two the synthetic length ends
+    reqs = [SpeechRequest(text, seed=3, max_new_tokens=256 - prompt - 1), SpeechRequest("short", seed=4),
+            SpeechRequest("a little longer", seed=5, temperature=0.0)]
+    for r in reqs:
+        talker.add(r)
+    seqs = list(talker.scheduler.waiting)
+    while talker.busy:
+        talker.step()
+    done = {m.request_id: m for m in out if isinstance(m, Codes)}
+    assert done[reqs[0].request_id].reason == "finished_length"
+    assert len(done[reqs[0].request_id].codes) == 256 - prompt - 1
+    for seq in seqs:
+        assert seq.sampler.launched == len(seq.frames) + 1 == len(done[seq.request_id].codes) + 1
+
+
 def test_checkpoint_round_trip(tmp_path):
     models = build_models(seed=5)
     path = tmp_path / "tiny.safetensors"
