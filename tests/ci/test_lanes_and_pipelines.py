@@ -159,7 +159,7 @@ def test_ci_runs_the_readme_test_command():
     readme_lines = {line.strip() for line in (ROOT / "README.md").read_text().splitlines()}
     ci_run = (ROOT / ".ci/run").read_text().strip().splitlines()[-1]
     assert ci_run in readme_lines
-    assert lanes.find("vllm").install in ci_run and ci_run.endswith("python3 -m pytest -n 2 && lanekeeper run vllm")
+    assert lanes.find("vllm").install in ci_run and ci_run.endswith("python3 -m pytest -n 3 && lanekeeper run vllm")
 
 
 def test_buildkite_steps():
