@@ -112,5 +112,5 @@ def decode_attention(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tens
         qkv, x, q_norm, k_norm, cos, sin, positions, positions.stride(0), positions.stride(1), k_cache, v_cache,
         out, first_row, s, heads, key_len, k_cache.stride(0), k_cache.stride(1), eps, d ** -0.5, hidden, norm_eps,
         SCALED=normed is not None, BLOCK_H=block_h, G=group, M=max(16, triton.next_power_of_2(s * group)),
-        S=triton.next_power_of_2(s), D=d, BLOCK=64)
+        S=triton.next_power_of_2(s), D=d, BLOCK=min(64, max(16, triton.next_power_of_2(key_len))))
     return out.view(b, s, heads * d)
