@@ -53,8 +53,8 @@ def _faulted_run(tmp_path, path, *extra):
 @pytest.mark.parametrize("mode,workers", [("offline", None), ("online", None), ("offline", "2")])
 def test_faulted_matrix_is_red_fast_and_names_every_cell(mode, workers, tmp_path):
     """...serially, and under pytest-xdist, where the incidents happen in the workers and the report is the
-    controller's."""
-    run, wall, tag = _faulted_run(tmp_path, f"tests/e2e/{mode}", *(["-n", workers] if workers else []))
+    controller's (there the four cells of runner v2: the serial run has shown every cell)."""
+    run, wall, tag = _faulted_run(tmp_path, f"tests/e2e/{mode}", *(["-n", workers, "-k", "v2"] if workers else []))
     assert run.returncode == 1, run.stdout[-3000:]
     if mode == "offline":
         assert wall < 120, wall
@@ -62,7 +62,8 @@ def test_faulted_matrix_is_red_fast_and_names_every_cell(mode, workers, tmp_path
     incidents = json.loads((tmp_path / "stall-report.json").read_text())
     assert (tmp_path / "stall-report.md").exists() and (tmp_path / "junit.xml").exists()
     by_cell = {i["cell"]: i for i in incidents}
-    for cell in cells():
+    ran = [cell for cell in cells() if not workers or cell.runner == "v2"]
+    for cell in ran:
         assert cell.id in summary.split("Stalled cells:")[1], cell.id
         inc = by_cell[cell.id]
         d = inc["diagnosis"]
