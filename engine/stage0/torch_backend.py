@@ -36,8 +36,8 @@ class TorchBackend(Backend):
     @torch.no_grad()
     def execute(self, seqs: list[Sequence], clock) -> dict[str, Produced]:
         """Launches this step, then reads back the step before it: the host's work on one step's frames (and
-        the talker's handoff and inbox after it) runs while the device computes the next.  A request whose
-        stop is read back has had one more step launched, whose frame is dropped."""
+        the talker's handoff and inbox after it) runs while the device computes the next.  A forced stop is
+        known at launch; a stop the model chose is read a step late, and that step's frame is dropped."""
         in_flight, self.in_flight = self.in_flight, None
         with clock.part("decode"):
             launch = [s for s in seqs if not s.sampler.spent()]   # its last frame is in flight
@@ -57,12 +57,12 @@ class Launched:
         self.seqs = seqs
         self.codes = codes.to("cpu", non_blocking=True)
         self.done = torch.cuda.Event() if codes.is_cuda else None
-        if self.done:
+        if self.done is not None:
             self.done.record()
 
     def read(self) -> dict[str, Produced]:
         """Each row's frame, for the requests still running (one released meanwhile is not)."""
-        if self.done:
+        if self.done is not None:
             self.done.synchronize()
         out = {}
         for seq, frame in zip(self.seqs, self.codes.numpy()):
