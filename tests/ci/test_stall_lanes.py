@@ -36,6 +36,8 @@ def _tagged(tag: str, wait: float = 5.0) -> list[psutil.Process]:
 # Shorter than the matrix's own deadline: each of the eight cells waits it out once (the run's own setting,
 # --lk-set, reaching every engine and server of the matrix)
 HANDOFF_DEADLINE_S = 2
+# Under pytest-xdist the faulted matrix runs this runner's cells: the serial run has shown every cell
+XDIST_RUNNER = "v2"
 
 
 def _faulted_run(tmp_path, path, *extra):
@@ -53,8 +55,9 @@ def _faulted_run(tmp_path, path, *extra):
 @pytest.mark.parametrize("mode,workers", [("offline", None), ("online", None), ("offline", "2")])
 def test_faulted_matrix_is_red_fast_and_names_every_cell(mode, workers, tmp_path):
     """...serially, and under pytest-xdist, where the incidents happen in the workers and the report is the
-    controller's (there the four cells of runner v2: the serial run has shown every cell)."""
-    run, wall, tag = _faulted_run(tmp_path, f"tests/e2e/{mode}", *(["-n", workers, "-k", "v2"] if workers else []))
+    controller's (there one runner's four cells)."""
+    extra = ["-n", workers, "-k", XDIST_RUNNER] if workers else []
+    run, wall, tag = _faulted_run(tmp_path, f"tests/e2e/{mode}", *extra)
     assert run.returncode == 1, run.stdout[-3000:]
     if mode == "offline":
         assert wall < 120, wall
@@ -62,7 +65,7 @@ def test_faulted_matrix_is_red_fast_and_names_every_cell(mode, workers, tmp_path
     incidents = json.loads((tmp_path / "stall-report.json").read_text())
     assert (tmp_path / "stall-report.md").exists() and (tmp_path / "junit.xml").exists()
     by_cell = {i["cell"]: i for i in incidents}
-    ran = [cell for cell in cells() if not workers or cell.runner == "v2"]
+    ran = [cell for cell in cells() if not workers or cell.runner == XDIST_RUNNER]
     for cell in ran:
         assert cell.id in summary.split("Stalled cells:")[1], cell.id
         inc = by_cell[cell.id]
