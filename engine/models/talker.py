@@ -16,6 +16,7 @@ from torch import nn
 from engine.models import tokenizer as tok
 from engine.models.layers import Decoder
 from engine.models.presets import CODEBOOK_SIZE, CODEBOOKS, CODEC_BOS, CODEC_VOCAB, SAMPLES_PER_FRAME, DecoderShape
+from engine.models.upload import upload
 
 MAX_REF_FRAMES = 64
 
@@ -44,8 +45,8 @@ class Talker(nn.Module):
         dev = self.codec_head.weight.device
         tables = {"task": self.task_embed, "language": self.language_embed, "voice": self.speaker_embed,
                   "text": self.text_embed, "codec": self.codec_embed}
-        parts = [self.ref_proj(x.to(dev, self.ref_proj.weight.dtype)) if kind == "reference"
-                 else tables[kind](torch.tensor(x, dtype=torch.long, device=dev)) for kind, x in prompt_parts(req)]
+        parts = [self.ref_proj(upload(x, dev, self.ref_proj.weight.dtype)) if kind == "reference"
+                 else tables[kind](upload(torch.tensor(x, dtype=torch.long), dev)) for kind, x in prompt_parts(req)]
         return torch.cat(parts).to(self.codec_head.weight.dtype)
 
     def frame_embeds(self, codes: torch.Tensor) -> torch.Tensor:

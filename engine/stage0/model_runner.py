@@ -24,6 +24,7 @@ from torch.nn.utils.rnn import pad_sequence
 from engine.models.graphs import GraphPool, padded
 from engine.models.kv_cache import DynamicView, RequestKV, StaticKV
 from engine.models.presets import CODEBOOKS
+from engine.models.upload import upload
 from engine.stage0.kv_budget import buckets, fit_kv
 from engine.stage0.sampling import RequestSampler, SlotSampling
 
@@ -178,7 +179,7 @@ class V1Runner(ModelRunner):
         """One frame for each running request: codes [B, 16]."""
         self.prepare(seqs)
         rows = self.slot_rows(seqs)
-        positions = torch.tensor([[s.num_tokens] for s in seqs], device=self.device)
+        positions = upload(torch.tensor([[s.num_tokens] for s in seqs]), self.device)
         hidden, logits = self.talker(self.in_embeds[rows], positions, DynamicView([s.kv for s in seqs], positions))
         for s in seqs:
             s.num_tokens += 1
@@ -222,12 +223,6 @@ class V2Runner(ModelRunner):
             self.prefill_pool = GraphPool(lambda k, w: self._prefill(self.prefill_in[:k, :w], self.prefill_slots[:k]),
                                           keys, device)
 
-    def release(self, seq: Sequence) -> None:
-        if seq.slot is not None:
-            self.pinned_free()
-            self.host_pos[seq.slot] = 0
-        super().release(seq)
-
     @torch.no_grad()
     def prefill(self, seqs: list[Sequence]) -> None:
         """One talker pass over all these prompts, right-padded to the longest, each into its own slot's
@@ -241,7 +236,7 @@ class V2Runner(ModelRunner):
         key = min(((kp, w) for kp, w in self.prefill_pool.graphs if kp >= k and w >= width),
                   key=lambda kw: kw[0] * kw[1], default=None) if self.prefill_pool else None
         if key is None:
-            self._prefill(pad_sequence(prompts, batch_first=True), torch.tensor(slots, device=self.device))
+            self._prefill(pad_sequence(prompts, batch_first=True), upload(torch.tensor(slots), self.device))
             return
         self.prefill_in[:k, :width] = pad_sequence(prompts, batch_first=True)
         self.pinned_free()
@@ -265,6 +260,7 @@ class V2Runner(ModelRunner):
         """One frame for each running request: codes [B, 16], from rows 0..n-1 of the persistent batch
         (holes are padding)."""
         self.prepare(seqs)
+        self.host_pos_rows.fill(0)   # holes and rows not launched are padding: position 0 of their own slot
         for s in seqs:
             self.host_pos_rows[s.slot, 0] = s.num_tokens
             s.num_tokens += 1

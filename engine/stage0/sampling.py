@@ -18,6 +18,7 @@ import torch
 from engine.models import kernels
 from engine.models.graphs import capturing
 from engine.models.presets import CODEBOOK_SIZE, CODEBOOKS, CODEC_VOCAB, CODEC_EOS
+from engine.models.upload import upload
 
 DRAWN_FRAMES = 64
 
@@ -173,7 +174,7 @@ class SlotSampling:
         bias[:CODEBOOK_SIZE] = 0.0
         stops = list(sampler.params.stops)
         bias[stops] = 0.0 if sampler.may_stop() else float("-inf")
-        self.bias[slot] = bias.to(self.device)
+        self.bias[slot] = upload(bias, self.device)
         self.may_stop[slot] = sampler.may_stop()
 
     def prepare(self, slots: list[int], samplers: list[RequestSampler]) -> None:
