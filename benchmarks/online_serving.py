@@ -107,7 +107,12 @@ def main() -> None:
             asyncio.run(run_level(url, 4, steady=False))   # warm-up
             for c in args.concurrency:
                 before, t0 = stage_counters(srv.url), time.perf_counter()
-                row = asyncio.run(run_level(url, c))
+                try:
+                    row = asyncio.run(run_level(url, c))
+                except httpx.HTTPError:   # the server's side of it, before the client's traceback
+                    print(f"runner {runner}, concurrency {c}: a request failed; the server's log ends:\n"
+                          f"{srv.log_tail(60)}", flush=True)
+                    raise
                 time.sleep(1.5)   # one more heartbeat, so the counters cover the level's end
                 where.append(f"| {runner} | {c} | " + breakdown(before, stage_counters(srv.url), time.perf_counter() - t0))
                 rows.append({**row, **cost, "mode": "online", "runner": runner, "cuda_graph": args.cuda_graph,
