@@ -29,9 +29,11 @@ from engine.stage0.kv_budget import buckets, fit_kv
 from engine.stage0.sampling import RequestSampler, SlotSampling
 
 
-@dataclass
+@dataclass(eq=False)
 class Sequence:
-    """A request as stage 0 runs it."""
+    """A request as stage 0 runs it.  Each is itself alone (identity, not field-wise equality): two requests
+    alike in every field are still two, and comparing fields would compare their reference clips'
+    arrays, whose truth value numpy refuses."""
     request: object
     sampler: RequestSampler
     prompt: torch.Tensor                  # [S, hidden]

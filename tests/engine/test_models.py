@@ -249,6 +249,27 @@ def test_a_request_is_launched_once_a_frame_and_once_for_its_stop(runner):
         assert seq.sampler.launched == len(seq.frames) + 1 == len(done[seq.request_id].codes) + 1
 
 
+def test_alike_voice_clone_requests_each_finish():
+    """Two requests with the same text and the same reference clip (arrays of their own, as two clients
+    send them), the shorter ending first: it finishes, and the longer goes on to its own end."""
+    from tests.helpers.reference import Inbox
+    from engine.stage.messages import Codes
+    from engine.stage0.process import make_talker
+
+    out = Inbox()
+    talker = make_talker(resolve("qwen3_tts", platform="cpu"), Inbox(), out)
+    clip = np.random.default_rng(0).standard_normal(24000).astype(np.float32) * 0.1
+    reqs = [SpeechRequest("the same words", task_type="Base", voice=None, ref_audio=clip.copy(), ref_text="hello",
+                          max_new_tokens=n) for n in (None, 2)]
+    for r in reqs:
+        talker.add(r)
+    while talker.busy:
+        talker.step()
+    done = {m.request_id: len(m.codes) for m in out if isinstance(m, Codes)}
+    assert set(done) == {r.request_id for r in reqs}, list(out)
+    assert done[reqs[1].request_id] == 2 < done[reqs[0].request_id]
+
+
 def test_checkpoint_round_trip(tmp_path):
     models = build_models(seed=5)
     path = tmp_path / "tiny.safetensors"
