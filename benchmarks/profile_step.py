@@ -5,10 +5,13 @@ The pinned command, whose figures the README and benchmarks/results/h200.json qu
     python benchmarks/profile_step.py --platform cuda --preset 0.6b --dtype bfloat16 --batch 64 \
         --max-len 4096 --gpu-util 0.3 --text-bytes 100 --runner v2 --json benchmarks/results/h200.json
 
-For each runner: the mean wall time of a frame step, then the same steps with a device sync around
-each phase (the running rows' frame; inside it, when not captured, codebook-0 sampling and the
-code predictor's 15 passes; the handoff), and the torch profiler's top operators by self device
-time and by self CPU time.  Prints Markdown; `--trace DIR` also writes Chrome traces.
+For each runner: the mean wall time of a frame step and where it went by stage 0's own clocks
+(launching the step, admitting, waiting for the step ahead and reading it back, the handoff: the
+parts the online benchmark reports, unsynced, so the step still runs ahead of its read-back); then
+the same steps with a device sync around the running rows' frame (and inside it, when not captured,
+codebook-0 sampling and the code predictor's 15 passes), and the torch profiler's top operators by
+self device time and by self CPU time.  Prints Markdown; `--trace DIR` also writes Chrome traces.
+A sync around the handoff would wait for the step in flight, so the handoff is timed by the clock only.
 
 Kernels are counted from the profiler's device-side events, one per launch on the GPU: an
 eager operator and the kernel it launched are one kernel, and a kernel replayed from a CUDA
@@ -74,8 +77,7 @@ def timed_phases(talker, steps: int) -> dict[str, float]:
 
     saved = [(runner, "decode", wrap(runner, "decode", "running rows' frame (talker, sampling, code predictor)")),
              (runner.sampling, "first", wrap(runner.sampling, "first", "  of which codebook-0 sampling (uncaptured)")),
-             (runner, "residual_codes", wrap(runner, "residual_codes", "  of which code predictor (uncaptured)")),
-             (talker.sender, "send", wrap(talker.sender, "send", "handoff (per request)"))]
+             (runner, "residual_codes", wrap(runner, "residual_codes", "  of which code predictor (uncaptured)"))]
     try:
         t0 = time.perf_counter()
         for _ in range(steps):
@@ -127,6 +129,7 @@ def main() -> None:
         for _ in range(3):
             talker.step()   # warm-up
         sync(talker.backend.device)
+        clock = dict(talker.clock.seconds)
         t0 = time.perf_counter()
         for _ in range(args.steps):
             talker.step()
@@ -135,7 +138,12 @@ def main() -> None:
         print(f"\n## runner {runner}, batch {len(talker.scheduler.running)}, {args.preset} {args.dtype}, "
               f"{'eager' if args.eager else 'graphs'}: {1000 * step:.1f} ms a frame step "
               f"({len(talker.scheduler.running) / step:.0f} frames/s, {len(talker.scheduler.running) / step / 12.5:.1f} audio-s/s)\n")
-        print("| phase | ms a step |\n| --- | --- |")
+        print("| part of the step (stage 0's clock) | ms a step |\n| --- | --- |")
+        for part, seconds in talker.clock.seconds.items():
+            if part == "inbox":   # timed by the stage's loop around the steps, which this script does not run
+                continue
+            print(f"| {part} | {1000 * (seconds - clock[part]) / args.steps:.2f} |")
+        print("\n| phase, synced | ms a step |\n| --- | --- |")
         for name, s in timed_phases(talker, args.steps).items():
             print(f"| {name} | {1000 * s:.2f} |")
         activities = [torch.profiler.ProfilerActivity.CPU]
