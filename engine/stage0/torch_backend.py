@@ -61,11 +61,13 @@ class Launched:
             self.done.record()
 
     def read(self) -> dict[str, Produced]:
-        """Each row's frame, for the requests still running (one released meanwhile is not)."""
+        """Each row's frame, for the requests still running (one released meanwhile is not).  The frames are
+        copied out of the step's pinned block: a row view would keep the block alive as long as its request
+        runs, and every step would take a new block from the pinned allocator."""
         if self.done is not None:
             self.done.synchronize()
         out = {}
-        for seq, frame in zip(self.seqs, self.codes.numpy()):
+        for seq, frame in zip(self.seqs, self.codes.numpy().copy()):
             if seq.slot is None:
                 continue
             sampler = seq.sampler
