@@ -149,16 +149,18 @@ class SlotSampling:
         self.true = torch.ones((), dtype=torch.bool, device=device)
 
     def admit(self, slot: int, sampler: RequestSampler) -> None:
+        """A slot's row is written with `fill_`: `t[slot] = number` on a CUDA tensor is a blocking copy, which
+        waits for the frame step in flight; a fill is a kernel queued behind it."""
         p = sampler.params
-        self.temperature[slot], self.top_k[slot] = p.temperature, p.top_k
-        self.top_p[slot], self.penalty[slot] = p.top_p, p.repetition_penalty
-        self.seen[slot] = False
+        for row, value in ((self.temperature, p.temperature), (self.top_k, p.top_k), (self.top_p, p.top_p),
+                           (self.penalty, p.repetition_penalty), (self.seen, False)):
+            row[slot].fill_(value)
         self.host[slot] = (p.top_k, p.top_p) if p.temperature > 0 else (1, 1.0)
         self._needs()
         self._set_stops(slot, sampler)
 
     def release(self, slot: int) -> None:
-        self.temperature[slot] = 0.0
+        self.temperature[slot].fill_(0.0)
         self.may_stop.pop(slot, None)
         self.host.pop(slot, None)
         self._needs()

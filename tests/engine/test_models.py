@@ -270,6 +270,51 @@ def test_alike_voice_clone_requests_each_finish():
     assert done[reqs[1].request_id] == 2 < done[reqs[0].request_id]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the host waits for a device's stream only on CUDA")
+@pytest.mark.parametrize("overrides", [
+    ["model_runner=v2"], ["model_runner=v2", "stages.0.enforce_eager=true"], ["model_runner=v1"],
+    ["model_runner=v1", "stages.0.enforce_eager=true"],
+    ["model_runner=v2", "model.preset=0.6b", "model.dtype=bfloat16"]])
+def test_stage0_waits_for_the_device_only_to_read_back(overrides):
+    """A step is launched before the one ahead of it is read back, so anything else that waits for the stream
+    (a blocking copy, `t[i] = number` on a CUDA tensor, `.item()`) waits for the step in flight and leaves the
+    device idle for the host's turn.  Requests arrive mid-run, finish, and one is aborted, all with such waits
+    made errors: only the read-back's own event may wait."""
+    from tests.helpers.reference import Inbox
+    from engine.stage.messages import Codes, StageError
+    from engine.stage0.process import make_talker
+
+    out = Inbox()
+    talker = make_talker(resolve("qwen3_tts", platform="cuda", overrides=overrides + ["stages.0.max_num_seqs=8"]),
+                         Inbox(), out)
+    talker.add(SpeechRequest("first use", seed=0))   # pinned blocks and kernels made on first use
+    while talker.busy:
+        talker.step()
+    reqs = [SpeechRequest("no waits " * k, seed=k, temperature=0.0 if k % 3 == 0 else None,
+                          top_p=0.8 if k % 2 else None, max_new_tokens=4 * k if k % 4 == 0 else None)
+            for k in range(1, 11)]
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for r in reqs[:4]:
+            talker.add(r)
+        for step in range(60):
+            if step % 3 == 0 and len(reqs) > 4 + step // 3:
+                talker.add(reqs[4 + step // 3])
+            if step == 5:
+                talker.abort(reqs[1].request_id)
+            if talker.busy:
+                talker.step()
+        while talker.busy:
+            talker.step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+        talker.close()
+    failed = [m for m in out if isinstance(m, StageError)]
+    assert not failed, failed[0].traceback
+    done = {m.request_id for m in out if isinstance(m, Codes)}
+    assert done >= {r.request_id for i, r in enumerate(reqs) if i != 1}
+
+
 def test_checkpoint_round_trip(tmp_path):
     models = build_models(seed=5)
     path = tmp_path / "tiny.safetensors"
