@@ -16,6 +16,21 @@ def pytest_configure(config):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+# Test modules whose tests each run lanes, nested pytest runs or engines of their own (ten seconds to a minute
+# each on two cores), most per test first.  Named by stem: a path here would count as a file every lane reads.
+LONG_FIRST = ("test_stall_lanes", "test_profile_text", "test_vllm_backend", "test_kernels", "test_lane_deps",
+              "test_rollback", "test_artifacts", "test_lanes_and_pipelines")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist, the long tests go out first and the short ones fill the end: in collection order,
+    the last to go out were the vLLM backend's minute-long tests, run by one worker while the others sat
+    idle.  Each worker collects, and each sorts the same way, so they agree on the order."""
+    if hasattr(config, "workerinput"):
+        rank = {path: i for i, path in enumerate(LONG_FIRST)}
+        items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
+
+
 @pytest.fixture
 def pytester(pytester):
     """Projects that pytester makes run the plugin's matrix, as this repository does."""
