@@ -47,7 +47,7 @@ class TTSEngine:
         resolved = profile.flat()   # a fault with when=KEY:VALUE acts only where the profile resolves to it
         self.faults = [f for f in parse_faults(profile.config.faults, "profile faults") + faults_from_env()
                        if f.applies(resolved)]
-        ctx = stage_context()
+        ctx = stage_context(profile.config.backend)
         self.in_q, self.handoff_q, self.out_q = ctx.Queue(), ctx.Queue(), ctx.Queue()
         self._tracked: dict[str, Tracked] = {}
         self._lock = threading.Lock()

@@ -16,6 +16,9 @@ from engine.runtime.registry import REGISTRY
 # import torch, which the process starting the engine (a client, the server, a pytest run) does not need;
 # the fork server imports them once, and the stages it forks find them imported.
 STAGES = ("engine.stage0.process", "engine.stage1.process")
+# What stage 0 on vLLM imports on top (engine/stage0/vllm_backend.py): about 7 CPU-s a start on a 2-core machine,
+# half of a warm vLLM start.  Imported once by the fork server of a process whose first engine runs on vLLM.
+VLLM = ("vllm", "vllm.engine.arg_utils", "vllm.sampling_params", "vllm.v1.engine.llm_engine")
 
 
 def _stage_run(stage_id: int):
@@ -26,12 +29,14 @@ def _stage_run(stage_id: int):
     return run
 
 
-def stage_context():
+def stage_context(backend: str):
     """Stages fork from multiprocessing's fork server, which imports torch and the stage code once: a
     spawned stage spends about 2.4 CPU-s importing them, and a CI lane starts engines by the hundred.
-    The server, like multiprocessing's resource tracker, ends when the process that started it does."""
+    The server, like multiprocessing's resource tracker, ends when the process that started it does.
+    What it imports is fixed when the first engine of the process starts it; a module it cannot import
+    (vLLM, where it is not installed) it leaves to the stage."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(list(STAGES))
+    ctx.set_forkserver_preload(list(STAGES) + (list(VLLM) if backend == "vllm" else []))
     return ctx
 
 
