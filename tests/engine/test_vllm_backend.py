@@ -22,8 +22,17 @@ from engine.stage0.vllm_backend import IPC_PREFIX, OFFSETS, VOCAB_SIZE, model_di
 from tests.helpers.speech_requests import make_request
 from tests.helpers.procs import gone
 
-MISSING = vllm_missing()
-needs_vllm = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+
+@pytest.fixture
+def importable_vllm():
+    """Skips a test where vLLM does not import.  Asked at set-up, not at collection: importing vLLM costs
+    3 CPU-s, and every pytest-xdist worker collects this module while one runs its tests."""
+    missing = vllm_missing()
+    if missing:
+        pytest.skip(missing)
+
+
+needs_vllm = pytest.mark.usefixtures("importable_vllm")
 
 
 def _vllm_profile(*extra):
