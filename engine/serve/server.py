@@ -29,6 +29,10 @@ log = logging.getLogger("lanekeeper.server")
 EXIT_STARTUP_FAILED = 3             # as uvicorn: the engine never started
 EXIT_GAVE_UP = 4                    # the engine kept failing past the restart limit
 EXIT_ADDRESS_IN_USE = 5             # another process listens on --host/--port
+# An idle keep-alive connection stays open this long.  httpx (and so the openai client) reuses one for up to
+# 5 s, uvicorn's own default: at equal times a client could send its next request just as the server closed
+# the connection, and that request failed with a reset (httpx.ReadError) under load.
+KEEP_ALIVE_S = 30
 
 
 class AddressInUse(UserError):
@@ -104,7 +108,8 @@ def serve(profile, host: str = "127.0.0.1", port: int = 8000, allowed_local_medi
 
     app = create_app(lambda: TTSEngine(profile, cpu_fallback=cpu_fallback), allowed_local_media_path, policy=policy,
                      on_give_up=give_up, on_start_failed=start_failed)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=graceful_timeout))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=graceful_timeout,
+                                           timeout_keep_alive=KEEP_ALIVE_S))
     with sock, _stop_signals_end(server):
         server.run(sockets=[sock])
     if not server.started and not outcome["code"]:

@@ -1,7 +1,9 @@
 """Concurrency, client disconnects and SIGTERM: nothing leaks, nothing is left running."""
 import asyncio
+import http.client
 import os
 import threading
+import time
 
 import httpx
 import psutil
@@ -29,6 +31,22 @@ def released(srv) -> bool:
 def srv(platform):
     with RemoteServer(["--platform", platform]) as s:
         yield s
+
+
+def test_an_idle_connection_outlasts_a_clients_keepalive(srv):
+    """httpx, and so the openai client, reuses an idle connection for up to 5 s: the server must not close one
+    sooner, or a request sent as it closes fails with a reset."""
+    host, port = srv.url.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        for pause in (0, 6):
+            time.sleep(pause)
+            conn.request("GET", "/health")
+            response = conn.getresponse()
+            response.read()
+            assert response.status == 200 and not response.will_close
+    finally:
+        conn.close()
 
 
 def test_64_concurrent_streams(srv):
