@@ -4,6 +4,7 @@ import http.client
 import os
 import threading
 import time
+from urllib.parse import urlsplit
 
 import httpx
 import psutil
@@ -36,10 +37,9 @@ def srv(platform):
 def test_an_idle_connection_outlasts_a_clients_keepalive(srv):
     """httpx, and so the openai client, reuses an idle connection for up to 5 s: the server must not close one
     sooner, or a request sent as it closes fails with a reset."""
-    host, port = srv.url.removeprefix("http://").rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn = http.client.HTTPConnection(urlsplit(srv.url).netloc, timeout=30)
     try:
-        for pause in (0, 6):
+        for pause in (0, httpx.Limits().keepalive_expiry + 1):
             time.sleep(pause)
             conn.request("GET", "/health")
             response = conn.getresponse()
