@@ -38,6 +38,22 @@ class GraphPool:
                 _capturing = False
             torch.cuda.synchronize()
 
+    def replay_seconds(self, repeats: int = 3) -> dict[tuple, float]:
+        """Each captured key's replay time on the device, the least of a few: what a caller weighs when it
+        chooses among padded shapes (another process's work on the GPU only makes a replay slower)."""
+        times = {}
+        for key, (graph, _) in self.graphs.items():
+            runs = []
+            for _ in range(repeats):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                runs.append(start.elapsed_time(end) / 1000)
+            times[key] = min(runs)
+        return times
+
     def __call__(self, *key):
         if key in self.graphs:
             graph, out = self.graphs[key]

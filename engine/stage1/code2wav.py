@@ -1,10 +1,11 @@
 """Stage 1: code2wav.  Decodes handed-off windows with left context.
 
 A window [start, end) is decoded together with up to codec_left_context_frames
-frames before it, and only the new frames' samples are emitted.  Because the
+frames before it, and only the new frames' samples are emitted.  Where the
 decoder's receptive field fits in that context, the stream equals a whole-payload
 decode.  The windows waiting in the inbox are decoded in a few batched passes, not
-one pass each: with many streams, that is what keeps stage 1 up with stage 0.
+one pass each (passes.py cuts them): with many streams, that is what keeps stage 1
+up with stage 0.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from engine.models.graphs import GraphPool, padded
 from engine.models.build import build_models
 from engine.models.presets import CODEBOOKS, SAMPLES_PER_FRAME
 from engine.request import AudioChunk
+from engine.stage1.passes import plan
 from engine.stage.faults import Injector
 from engine.stage.loop import Clock, device_for, request_crashed
 from engine.stage.messages import Decoded, Frames
@@ -25,11 +27,16 @@ from engine.stage.stats import Code2WavStats
 
 
 MAX_ROWS = 32                      # windows in one codec pass
-# on CUDA, passes are captured for these row counts (a pass of n windows runs the smallest that holds n: a
-# pass costs about a fixed part and a part per row, and passes of 2 to 3 windows are the common ones)...
+# on CUDA, passes are captured for these row counts (a pass of n windows runs the smallest that holds n)...
 ROWS = [1, 2, 3, 4, 6, 8, 12, 16, 24, MAX_ROWS]
-LENGTHS = [32, 64, 128]            # ...and frame lengths (a streamed window with its context fits 128),
-                                   # and the streamed window's own: left context plus a chunk
+# ...and frame lengths, and the streamed window's own (left context plus a chunk).  A request's windows
+# are one frame, then a chunk with the frames before it as context, up to the full context: lengths
+# close above each keep a pass's padding small (with the buckets 32, 64 and 128 alone, the benchmark's
+# texts decoded 3.4 padded frames a new frame, against 2.2 unpadded)
+LENGTHS = [8, 16, 32, 48, 64, 80, 128]
+# an eager pass's fixed part, in row-frames: the `tiny` codec on the CPU takes about 9 ms a pass and
+# 1.7 ms a row-frame
+EAGER_PASS_FRAMES = 5
 
 
 @dataclass
@@ -70,6 +77,7 @@ class Code2Wav:
             self.first_in = torch.zeros(ROWS[-1], dtype=torch.long, device=self.device)
             self.pool = GraphPool(lambda rows, t: self.codec(self.codes_in[:rows, :t], first_position=self.first_in[:rows]),
                                   [(rows, t) for rows in ROWS for t in self.lengths], self.device)
+            self.replay_s = self.pool.replay_seconds()   # what the pass planner weighs
         self.out_q = out_q
         self.codes: dict[str, np.ndarray] = {}
         self.chunks: dict[str, int] = {}
@@ -128,16 +136,15 @@ class Code2Wav:
             return None
 
     def _decode_jobs(self, jobs: list["Job"]) -> dict[int, np.ndarray]:
-        """Audio of each job's new frames.  Jobs of similar length share a pass, right-padded: the codec
-        is causal, so padding after a row's end changes none of its samples."""
+        """Audio of each job's new frames.  Jobs share passes as `plan` cuts them, right-padded: the
+        codec is causal, so padding after a row's end changes none of its samples."""
         out: dict[int, np.ndarray] = {}
         todo = sorted((j for j in jobs if len(j.window.codes)), key=lambda j: len(j.codes))
-        while todo:
-            bucket = padded(self.lengths, len(todo[0].codes)) if self.pool else None   # a captured length
-            limit = bucket or 2 * len(todo[0].codes)
-            group = [j for j in todo[:MAX_ROWS] if len(j.codes) <= limit]
-            todo = todo[len(group):]
-            t = bucket or len(group[-1].codes)
+        for rows in plan([len(j.codes) for j in todo], self._pass_cost, MAX_ROWS):
+            group = todo[rows.start:rows.stop]
+            t = len(group[-1].codes)
+            if self.pool:
+                t = padded(self.lengths, t) or t   # a captured length where one holds it
             try:
                 self.passes += 1
                 audio = self._codec_pass([j.codes for j in group], [j.context_start for j in group], t)
@@ -150,6 +157,16 @@ class Code2Wav:
                 skip = (job.window.start - job.context_start) * SAMPLES_PER_FRAME
                 out[id(job)] = audio[b, skip:len(job.codes) * SAMPLES_PER_FRAME]
         return out
+
+    def _pass_cost(self, windows: int, longest: int) -> float:
+        """A pass's cost: on CUDA the measured replay of the captured pass it runs as (one longer than
+        any captured runs eager, estimated from the longest), else a fixed part and its row-frames."""
+        if self.pool is None:
+            return EAGER_PASS_FRAMES + windows * longest
+        rows, t = padded(ROWS, windows), padded(self.lengths, longest)
+        if t is None:
+            return self.replay_s[(rows, self.lengths[-1])] * longest / self.lengths[-1]
+        return self.replay_s[(rows, t)]
 
     def _codec_pass(self, codes: list[np.ndarray], starts: list[int], t: int) -> np.ndarray:
         """Audio [rows, t * 1920] for these frame arrays, right-padded to t: a captured graph's replay
