@@ -90,25 +90,41 @@ class Code2Wav:
 
     @torch.no_grad()
     def decode(self, windows: list[Frames], after_each=lambda: None) -> None:
-        """Windows in arrival order, decoded together: one codec pass per length bucket instead of one
-        per window.  Each request's chunks still go out in order, `after_each` runs after each window's,
-        and a window whose handling raises fails its request alone (the batched pass raising fails
-        the requests in it)."""
+        """Windows in arrival order, decoded together: a few codec passes instead of one per window.
+        A window's audio goes out as soon as its pass is done (the shortest windows, which start
+        requests, are in the first pass), each request's chunks still in order; `after_each` runs
+        after each window's, and a window whose handling raises fails its request alone (the batched
+        pass raising fails the requests in it)."""
         if not windows:
             return
         self.busy = True
         try:
             with self.clock.part("decode"):
-                jobs = [self._job(w) for w in windows]
-                audio = self._decode_jobs([j for j in jobs if j is not None])
-                for window, job in zip(windows, jobs):
-                    if job is not None:
-                        self._emit(job, audio.get(id(job)))
-                    self.windows += 1
-                    self.frames += len(window.codes)
-                    after_each()
+                waiting = [(w, self._job(w)) for w in windows]
+                audio: dict[int, np.ndarray | None] = {}
+                waiting = self._emit_ready(waiting, audio, after_each)   # windows with nothing to decode
+                for done in self._decode_jobs([j for _, j in waiting if j is not None]):
+                    audio.update(done)
+                    waiting = self._emit_ready(waiting, audio, after_each)
         finally:
             self.busy = False
+
+    def _emit_ready(self, waiting: list[tuple[Frames, "Job | None"]], audio: dict, after_each) -> list:
+        """Emit each waiting window whose audio is in, unless an earlier window of its request is
+        still out; return the rest, in order."""
+        held, rest = set(), []
+        for window, job in waiting:
+            ready = job is None or not len(window.codes) or id(job) in audio
+            if window.request_id in held or not ready:
+                held.add(window.request_id)
+                rest.append((window, job))
+                continue
+            if job is not None:
+                self._emit(job, audio.get(id(job)))
+            self.windows += 1
+            self.frames += len(window.codes)
+            after_each()
+        return rest
 
     def _job(self, window: Frames) -> "Job | None":
         """What decoding this window needs, with the request's state moved on; None if it is not decoded."""
@@ -135,10 +151,9 @@ class Code2Wav:
             self._fail(window)
             return None
 
-    def _decode_jobs(self, jobs: list["Job"]) -> dict[int, np.ndarray]:
-        """Audio of each job's new frames.  Jobs share passes as `plan` cuts them, right-padded: the
-        codec is causal, so padding after a row's end changes none of its samples."""
-        out: dict[int, np.ndarray] = {}
+    def _decode_jobs(self, jobs: list["Job"]):
+        """Each pass's audio of its jobs' new frames, pass by pass, as `plan` cuts them: right-padded
+        (the codec is causal, so padding after a row's end changes none of its samples)."""
         todo = sorted((j for j in jobs if len(j.window.codes)), key=lambda j: len(j.codes))
         for rows in plan([len(j.codes) for j in todo], self._pass_cost, MAX_ROWS):
             group = todo[rows.start:rows.stop]
@@ -151,12 +166,10 @@ class Code2Wav:
             except Exception:
                 for job in group:
                     self._fail(job.window)
-                    out[id(job)] = None
+                yield {id(job): None for job in group}
                 continue
-            for b, job in enumerate(group):
-                skip = (job.window.start - job.context_start) * SAMPLES_PER_FRAME
-                out[id(job)] = audio[b, skip:len(job.codes) * SAMPLES_PER_FRAME]
-        return out
+            yield {id(job): audio[b, (job.window.start - job.context_start) * SAMPLES_PER_FRAME:
+                                  len(job.codes) * SAMPLES_PER_FRAME] for b, job in enumerate(group)}
 
     def _pass_cost(self, windows: int, longest: int) -> float:
         """A pass's cost: on CUDA the measured replay of the captured pass it runs as (one longer than

@@ -1,10 +1,12 @@
-"""Stage 1's pass planner: the cheapest split of the waiting windows into codec passes."""
-import itertools
+"""Stage 1's codec passes: the cheapest split of the waiting windows, and what goes out when."""
 import random
 
+import numpy as np
 import pytest
 
 from engine.models.graphs import padded
+from engine.profile.resolve import resolve
+from engine.stage.messages import Frames
 from engine.stage1.passes import plan
 
 ROWS = [1, 2, 3, 4, 6, 8]
@@ -58,3 +60,33 @@ def test_a_fixed_part_batches_and_padding_splits():
 def test_groups_are_never_longer_than_max_rows():
     groups = plan([5] * 70, lambda n, longest: 1 + n * longest, 32)
     assert len(groups) == 3 and all(len(g) <= 32 for g in groups)
+
+
+class Outbox(list):
+    put = list.append
+
+
+def test_a_short_window_goes_out_before_a_long_pass_and_each_requests_chunks_in_order():
+    """A shorter final window is decoded in an earlier pass than its request's longer window before
+    it, yet goes out after it; another request's first window, arriving last, goes out first."""
+    import torch
+
+    from engine.stage1.code2wav import Code2Wav
+
+    out = Outbox()
+    worker = Code2Wav(resolve("qwen3_tts", platform="cpu"), out)
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 100, (104, 16))
+    calls = []
+    for start, end in [(0, 1), (1, 26), (26, 51), (51, 76)]:
+        worker.decode([Frames("a", start, codes[start:end], False)])
+    worker.decode([Frames("a", 76, codes[76:101], False), Frames("a", 101, codes[101:104], True),
+                   Frames("b", 0, codes[:1], False)],
+                  after_each=lambda: calls.append(sum(hasattr(m, "index") for m in out)))
+    sent = [(m.request_id, m.index) for m in out if hasattr(m, "index")]
+    assert sent[-3:] == [("b", 0), ("a", 4), ("a", 5)]
+    assert calls == [5, 6, 7]   # after each window, once its chunk is out
+    assert worker.passes > 5   # the last call's three windows took more than one pass
+    whole = worker.codec(torch.as_tensor(codes)[None])[0].numpy()
+    streamed = np.concatenate([m.audio for m in out if getattr(m, "request_id", None) == "a" and hasattr(m, "index")])
+    assert np.abs(streamed - whole).max() < 1e-4
