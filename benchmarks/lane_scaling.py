@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from ci.run import junit
 from ci.lanes import schema as lanes
 from ci.run import report
 from ci.run.record import RUN_ID_ENV
-from engine.process.tree import kill_tree
+from engine.process.tree import kill_tree, unwind_on_sigterm
 from engine.profile.document import ProfileDoc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +68,7 @@ def main() -> int:
     ap.add_argument("--lanes-file", type=Path, default=None, help="default: the checkout's ci/lanes.yaml")
     ap.add_argument("--json", help="also merge the wall times into this timings file (benchmarks/results/cpu.json)")
     args = ap.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))   # unwinds: the lanes stop too
+    unwind_on_sigterm()   # the lanes stop too
     args.lanes_file = args.lanes_file or lanes.default_lanes_file()
     lane = lanes.find(args.lane, lanes.load(args.lanes_file))
     rows = []

@@ -20,6 +20,7 @@ from engine.profile.schema import BACKENDS
 from engine.runtime.engine import TTSEngine
 from engine.request import SpeechRequest
 from engine.stage0.vllm_backend import unsupported
+from engine.process.tree import unwind_on_sigterm
 from codec_cost import codec_cost   # this script's folder is on sys.path when run
 from results import record
 from workload import TEXTS, level_done, min_requests, summarize
@@ -73,6 +74,7 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--json", help="also merge the rows into this results file (benchmarks/results.py)")
     args = ap.parse_args()
+    unwind_on_sigterm()   # stopped early, what this started ends with it
     rows, cost = [], codec_cost(args.preset)
     print(f"preset={args.preset} dtype={args.dtype} batch={args.batch}; codec {cost['codec_gmac_per_audio_s']:.1f} "
           f"GMAC per audio second, {cost['codec_params_m']:.1f}M parameters; {len(TEXTS)} texts")

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.profile.resolve import resolve
 from engine.serve.launcher import RemoteServer
+from engine.process.tree import unwind_on_sigterm
 from codec_cost import codec_cost   # this script's folder is on sys.path when run
 from results import record
 from workload import TEXTS, level_done, summarize
@@ -90,6 +91,7 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--json", help="also merge the rows into this results file (benchmarks/results.py)")
     args = ap.parse_args()
+    unwind_on_sigterm()   # stopped early, what this started ends with it
     preset = resolve("qwen3_tts", platform=args.platform, overrides=args.overrides).config.model.preset
     cost = codec_cost(preset)
     print(f"{preset}: codec {cost['codec_gmac_per_audio_s']:.1f} GMAC per audio second, "

@@ -34,6 +34,7 @@ import psutil
 from engine.serve.launcher import RemoteServer
 from engine.models.presets import SAMPLES_PER_FRAME
 from engine.models.tokenizer import frames_for_text
+from engine.process.tree import unwind_on_sigterm
 
 TEXTS = ["Short reply.", "The talker emits one codec frame per step.",
          "A medium length sentence for the soak test, spoken at an even pace.",
@@ -250,6 +251,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     args = ap.parse_args()
+    unwind_on_sigterm()   # stopped early, what this started ends with it
     extra = ["--max-restarts", "1000000", "--restart-window", "60"]
     for o in args.overrides:
         extra += ["--set", o]

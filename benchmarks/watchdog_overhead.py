@@ -15,6 +15,7 @@ import time
 from engine.profile.resolve import resolve
 from engine.runtime.engine import TTSEngine
 from engine.request import SpeechRequest
+from engine.process.tree import unwind_on_sigterm
 
 MODES = {"on": [], "off": ["watchdog.enabled=false", "watchdog.heartbeat_interval_s=3600"]}
 
@@ -25,6 +26,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--runner", default="v2")
     args = ap.parse_args()
+    unwind_on_sigterm()   # stopped early, what this started ends with it
     engines = {m: TTSEngine(resolve("qwen3_tts", platform="cpu", overrides=[f"model_runner={args.runner}", *o]))
                for m, o in MODES.items()}
     rates = {m: [] for m in MODES}

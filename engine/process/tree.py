@@ -37,6 +37,13 @@ def kill_tree(roots, group: int | None = None, timeout: float = 5.0) -> None:
     _wait_ended(victims, timeout)
 
 
+def unwind_on_sigterm() -> None:
+    """SIGTERM leaves this program through its with-blocks and finally clauses, with status 143, as ^C
+    does: by default it ends the program on the spot, and a speech server or lane it started runs on.
+    For a program's main thread."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+
 def _wait_ended(procs, timeout: float) -> None:
     """Reap our own children and wait for the others to have ended (see `ended`)."""
     import psutil

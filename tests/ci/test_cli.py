@@ -138,3 +138,16 @@ def test_sigterm_to_lane_scaling_stops_the_lanes_it_started(tmp_path):
         [sys.executable, "benchmarks/lane_scaling.py", "long", "--lanes-file", str(lanes_file)], timeout=60)
     assert code == 128 + signal.SIGTERM, output[-3000:]
     assert gone([p.pid for p in tree]), [p for p in tree if p.is_running()]
+
+
+def test_sigterm_to_the_online_benchmark_ends_its_server():
+    """Stopped mid-level (a job's time limit, say), the benchmark ends the server it started and the
+    server's engine, instead of leaving them serving on."""
+    import signal
+
+    from tests.helpers.procs import gone
+
+    code, output, tree, _ = _sigterm_once_an_engine_is_up(
+        [sys.executable, "benchmarks/online_serving.py", "--runner", "v2", "--concurrency", "1"], settle=2, timeout=60)
+    assert code == 128 + signal.SIGTERM, output[-3000:]
+    assert gone([p.pid for p in tree]), [p for p in tree if p.is_running()]
