@@ -99,35 +99,39 @@ def main() -> None:
     rows, where = [], []
     print("| runner | concurrency | requests | mean in flight | audio-s/s | TTFP p50 ms | TTFP p99 ms | mean RTF |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for runner in args.runner or ["v1", "v2"]:
-        extra = []
-        eager = "true" if args.cuda_graph == "off" else "false"
-        for o in [f"model_runner={runner}", f"stages.0.enforce_eager={eager}"] + args.overrides:
-            extra += ["--set", o]
-        with RemoteServer(["--platform", args.platform, *extra]) as srv:
-            url = srv.url + "/v1/audio/speech"
-            asyncio.run(run_level(url, 4, steady=False))   # warm-up
-            for c in args.concurrency:
-                before, t0 = stage_counters(srv.url), time.perf_counter()
-                try:
-                    row = asyncio.run(run_level(url, c))
-                except httpx.HTTPError:   # the server's side of it, before the client's traceback
-                    print(f"runner {runner}, concurrency {c}: a request failed; the server's log ends:\n"
-                          f"{srv.log_tail(60)}", flush=True)
-                    raise
-                time.sleep(1.5)   # one more heartbeat, so the counters cover the level's end
-                where.append(f"| {runner} | {c} | " + breakdown(before, stage_counters(srv.url), time.perf_counter() - t0))
-                rows.append({**row, **cost, "mode": "online", "runner": runner, "cuda_graph": args.cuda_graph,
-                             "concurrency": c})
-                print(f"| {runner} | {c} | {row['requests']} | {row['mean_in_flight']:.1f} | {row['audio_s_per_s']:.1f} | "
-                      f"{row['ttfp_p50_ms']:.0f} | {row['ttfp_p99_ms']:.0f} | {row['rtf_mean']:.2f} |", flush=True)
-                if args.json:   # level by level: a run cut short keeps the levels it finished
-                    record(args.json, rows[-1:], args.platform)
-    print("\nWhere the stages' time went (share of each level's wall time):\n")
-    print("| runner | concurrency | stage 0 decode | admit | readback | handoff | inbox | stage 1 decode "
-          "| windows per pass |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    print("\n".join(where))
+    try:
+        for runner in args.runner or ["v1", "v2"]:
+            extra = []
+            eager = "true" if args.cuda_graph == "off" else "false"
+            for o in [f"model_runner={runner}", f"stages.0.enforce_eager={eager}"] + args.overrides:
+                extra += ["--set", o]
+            with RemoteServer(["--platform", args.platform, *extra]) as srv:
+                url = srv.url + "/v1/audio/speech"
+                asyncio.run(run_level(url, 4, steady=False))   # warm-up
+                for c in args.concurrency:
+                    before, t0 = stage_counters(srv.url), time.perf_counter()
+                    try:
+                        row = asyncio.run(run_level(url, c))
+                    except httpx.HTTPError:   # the server's side of it, before the client's traceback
+                        print(f"runner {runner}, concurrency {c}: a request failed; the server's log ends:\n"
+                              f"{srv.log_tail(60)}", flush=True)
+                        raise
+                    time.sleep(1.5)   # one more heartbeat, so the counters cover the level's end
+                    shares = breakdown(before, stage_counters(srv.url), time.perf_counter() - t0)
+                    where.append(f"| {runner} | {c} | {shares}")
+                    rows.append({**row, **cost, "mode": "online", "runner": runner, "cuda_graph": args.cuda_graph,
+                                 "concurrency": c})
+                    print(f"| {runner} | {c} | {row['requests']} | {row['mean_in_flight']:.1f} | "
+                          f"{row['audio_s_per_s']:.1f} | {row['ttfp_p50_ms']:.0f} | {row['ttfp_p99_ms']:.0f} | "
+                          f"{row['rtf_mean']:.2f} |", flush=True)
+                    if args.json:   # level by level: a run cut short keeps the levels it finished
+                        record(args.json, rows[-1:], args.platform)
+    finally:   # stopped early too: the levels it finished
+        print("\nWhere the stages' time went (share of each level's wall time):\n")
+        print("| runner | concurrency | stage 0 decode | admit | readback | handoff | inbox | stage 1 decode "
+              "| windows per pass |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("\n".join(where))
 
 
 if __name__ == "__main__":
