@@ -157,12 +157,10 @@ class Code2Wav:
         todo = sorted((j for j in jobs if len(j.window.codes)), key=lambda j: len(j.codes))
         for rows in plan([len(j.codes) for j in todo], self._pass_cost, MAX_ROWS):
             group = todo[rows.start:rows.stop]
-            t = len(group[-1].codes)
-            if self.pool:
-                t = padded(self.lengths, t) or t   # a captured length where one holds it
             try:
                 self.passes += 1
-                audio = self._codec_pass([j.codes for j in group], [j.context_start for j in group], t)
+                audio = self._codec_pass([j.codes for j in group], [j.context_start for j in group],
+                                         *self._shape(len(group), len(group[-1].codes)))
             except Exception:
                 for job in group:
                     self._fail(job.window)
@@ -171,20 +169,25 @@ class Code2Wav:
             yield {id(job): audio[b, (job.window.start - job.context_start) * SAMPLES_PER_FRAME:
                                   len(job.codes) * SAMPLES_PER_FRAME] for b, job in enumerate(group)}
 
+    def _shape(self, windows: int, longest: int) -> tuple[int | None, int]:
+        """The pass these windows run as: (rows, length) of the captured pass that holds them, else
+        (None, longest), an eager pass."""
+        t = padded(self.lengths, longest) if self.pool else None
+        return (padded(ROWS, windows), t) if t else (None, longest)
+
     def _pass_cost(self, windows: int, longest: int) -> float:
         """A pass's cost: on CUDA the measured replay of the captured pass it runs as (one longer than
         any captured runs eager, estimated from the longest), else a fixed part and its row-frames."""
         if self.pool is None:
             return EAGER_PASS_FRAMES + windows * longest
-        rows, t = padded(ROWS, windows), padded(self.lengths, longest)
-        if t is None:
-            return self.replay_s[(rows, self.lengths[-1])] * longest / self.lengths[-1]
+        rows, t = self._shape(windows, longest)
+        if rows is None:
+            return self.replay_s[(padded(ROWS, windows), self.lengths[-1])] * longest / self.lengths[-1]
         return self.replay_s[(rows, t)]
 
-    def _codec_pass(self, codes: list[np.ndarray], starts: list[int], t: int) -> np.ndarray:
-        """Audio [rows, t * 1920] for these frame arrays, right-padded to t: a captured graph's replay
-        when one fits (rows padded to a captured count), else an eager pass."""
-        rows = padded(ROWS, len(codes)) if self.pool and t in self.lengths else None
+    def _codec_pass(self, codes: list[np.ndarray], starts: list[int], rows: int | None, t: int) -> np.ndarray:
+        """Audio [rows, t * 1920] for these frame arrays, right-padded to t: the captured pass of `rows`
+        rows replayed (rows padded with zeros), or with rows None an eager pass."""
         batch = np.zeros((rows or len(codes), t, codes[0].shape[1]), dtype=np.int64)
         for b, c in enumerate(codes):
             batch[b, :len(c)] = c
