@@ -58,7 +58,8 @@ async def run_level(url, concurrency, steady=True):
     return summarize(done, wall)
 
 
-PARTS = [("0", "decode"), ("0", "admit"), ("0", "readback"), ("0", "handoff"), ("0", "inbox"), ("1", "decode")]
+PARTS = [("0", "decode"), ("0", "admit"), ("0", "readback"), ("0", "handoff"), ("0", "inbox"), ("1", "decode"),
+         ("1", "readback")]
 
 
 def stage_counters(base_url: str) -> dict:
@@ -129,8 +130,8 @@ def main() -> None:
     finally:   # stopped early too: the levels it finished
         print("\nWhere the stages' time went (share of each level's wall time):\n")
         print("| runner | concurrency | stage 0 decode | admit | readback | handoff | inbox | stage 1 decode "
-              "| windows per pass |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+              "| stage 1 readback | windows per pass |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         print("\n".join(where))
 
 

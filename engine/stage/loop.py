@@ -80,14 +80,25 @@ class Clock:
 
     def __init__(self, *parts: str):
         self.seconds = dict.fromkeys(parts, 0.0)
+        self._open: list[list] = []   # the parts entered and not left: [name, since], innermost last
 
     @contextmanager
     def part(self, name: str):
-        t0 = time.perf_counter()
+        """Time in a part entered inside another is the inner part's alone, so the parts add up to the
+        loop's time (stage 1's read-back inside its decode)."""
+        now = time.perf_counter()
+        if self._open:
+            outer = self._open[-1]
+            self.seconds[outer[0]] += now - outer[1]
+        self._open.append([name, now])
         try:
             yield
         finally:
-            self.seconds[name] += time.perf_counter() - t0
+            now = time.perf_counter()
+            _, since = self._open.pop()
+            self.seconds[name] += now - since
+            if self._open:
+                self._open[-1][1] = now
 
 
 def stall_forever() -> None:

@@ -55,7 +55,7 @@ class Code2Wav:
         self.finished = self.frames = self.windows = 0
         self.passes = 0   # codec passes: windows / passes is how well stage 1 batches
         self.busy = False
-        self.clock = Clock("decode")
+        self.clock = Clock("decode", "readback")
         self.stage = profile.stage(1)
         self.device = device_for(profile, self.stage)
         self.codec = build_models(cfg.model.preset, cfg.model.seed, cfg.model.checkpoint, cfg.model.dtype,
@@ -199,7 +199,8 @@ class Code2Wav:
             audio = self.pool(rows, t)
         else:
             audio = self.codec(torch.as_tensor(batch, device=self.device), first_position=first)
-        return audio[:len(codes)].float().cpu().numpy()
+        with self.clock.part("readback"):   # waiting for the device: the pass, and stage 0's work beside it
+            return audio[:len(codes)].float().cpu().numpy()
 
     def _emit(self, job: "Job", audio: np.ndarray | None) -> None:
         window, rid = job.window, job.window.request_id

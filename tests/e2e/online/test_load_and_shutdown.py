@@ -75,7 +75,7 @@ def test_64_concurrent_streams(srv):
     seconds = {(dict(labels)["stage"], dict(labels)["part"]): v for (name, labels), v in m.items()
                if name == "lanekeeper_stage_seconds"}
     assert set(seconds) == {("0", "decode"), ("0", "admit"), ("0", "readback"), ("0", "handoff"), ("0", "inbox"),
-                            ("1", "decode")}
+                            ("1", "decode"), ("1", "readback")}
     assert all(v > 0 for v in seconds.values()), seconds
     windows, passes = m[("lanekeeper_code2wav_windows", ())], m[("lanekeeper_code2wav_passes", ())]
     assert windows >= 64 and 0 < passes <= windows, (windows, passes)
