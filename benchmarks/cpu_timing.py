@@ -11,7 +11,9 @@ run of a script, at a commit it names.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -22,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import results  # noqa: E402
+from engine.process.tree import kill_tree, unwind_on_sigterm  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "cpu.json"
 
@@ -34,10 +37,23 @@ def test_steps() -> list[str]:
 
 
 def timed(command: str) -> float:
+    """Seconds the command took.  It runs in a session of its own; stopped early, this passes SIGTERM
+    to all of it (pytest's workers end the engines they started) and kills what is left a minute later."""
     t0 = time.monotonic()
-    run = subprocess.run(command, shell=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    if run.returncode != 0:
-        raise SystemExit(f"{command}: exit status {run.returncode}; timings of a red run mean nothing")
+    proc = subprocess.Popen(command, shell=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        status = proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+        kill_tree([proc.pid], group=proc.pid)
+    if status != 0:
+        raise SystemExit(f"{command}: exit status {status}; timings of a red run mean nothing")
     return time.monotonic() - t0
 
 
@@ -70,6 +86,7 @@ def main() -> int:
                                                               "the lane dependencies)")
     ap.add_argument("--json", type=Path, default=OUT, help="default: %(default)s")
     args = ap.parse_args()
+    unwind_on_sigterm()   # stopped early, the suite it runs ends with it
     rows = []
     if args.only != "quick":
         for step in test_steps():

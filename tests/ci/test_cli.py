@@ -72,9 +72,14 @@ def _name(proc) -> str:
         return ""
 
 
-def _sigterm_once_an_engine_is_up(cmd: list[str], settle: float = 0.0, timeout: float = 30):
-    """Start cmd, wait until an engine's two stages run under it, let it settle, then SIGTERM it.
-    Returns its exit code, its output, the process tree it had, and the seconds it took to exit."""
+def _engine_is_up(tree) -> bool:
+    return len([p for p in tree if _name(p).startswith("lk")]) >= 2
+
+
+def _sigterm_once_an_engine_is_up(cmd: list[str], settle: float = 0.0, timeout: float = 30, ready=_engine_is_up):
+    """Start cmd, wait until an engine's two stages run under it (or `ready(its process tree)`), let it
+    settle, then SIGTERM it.  Returns its exit code, its output, the process tree it had, and the seconds
+    it took to exit."""
     import signal
     import time
 
@@ -85,10 +90,10 @@ def _sigterm_once_an_engine_is_up(cmd: list[str], settle: float = 0.0, timeout: 
         root = psutil.Process(proc.pid)
         deadline = time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < deadline:
-            if len([p for p in root.children(recursive=True) if _name(p).startswith("lk")]) >= 2:
+            if ready(root.children(recursive=True)):
                 break
             time.sleep(0.2)
-        assert proc.poll() is None, f"{cmd} ended before an engine started"
+        assert proc.poll() is None, f"{cmd} ended before it was ready to be stopped"
         tree = root.children(recursive=True)
         time.sleep(settle)
         t0 = time.monotonic()
@@ -149,5 +154,20 @@ def test_sigterm_to_the_online_benchmark_ends_its_server():
 
     code, output, tree, _ = _sigterm_once_an_engine_is_up(
         [sys.executable, "benchmarks/online_serving.py", "--runner", "v2", "--concurrency", "1"], settle=2, timeout=60)
+    assert code == 128 + signal.SIGTERM, output[-3000:]
+    assert gone([p.pid for p in tree]), [p for p in tree if p.is_running()]
+
+
+def test_sigterm_to_the_cpu_timing_benchmark_ends_the_suite_it_runs(tmp_path):
+    """It times the test command of `.ci/run` in a session of its own: stopped, it ends that suite,
+    pytest-xdist's workers and all, instead of leaving it running with nobody to read its result."""
+    import signal
+
+    from tests.helpers.procs import gone
+
+    workers_up = lambda tree: sum(_name(p).startswith("python") for p in tree) >= 4   # pytest and 3 workers
+    code, output, tree, _ = _sigterm_once_an_engine_is_up(
+        [sys.executable, "benchmarks/cpu_timing.py", "--only", "tests", "--json", str(tmp_path / "cpu.json")],
+        ready=workers_up, timeout=90)
     assert code == 128 + signal.SIGTERM, output[-3000:]
     assert gone([p.pid for p in tree]), [p for p in tree if p.is_running()]
