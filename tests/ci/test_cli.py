@@ -76,10 +76,10 @@ def _engine_is_up(tree) -> bool:
     return len([p for p in tree if _name(p).startswith("lk")]) >= 2
 
 
-def _sigterm_once_an_engine_is_up(cmd: list[str], settle: float = 0.0, timeout: float = 30, ready=_engine_is_up):
-    """Start cmd, wait until an engine's two stages run under it (or `ready(its process tree)`), let it
-    settle, then SIGTERM it.  Returns its exit code, its output, the process tree it had, and the seconds
-    it took to exit."""
+def _sigterm_once_up(cmd: list[str], settle: float = 0.0, timeout: float = 30, ready=_engine_is_up):
+    """Start cmd, wait until `ready(its process tree)` (by default: an engine's two stages run under it),
+    let it settle, then SIGTERM it.  Returns its exit code, its output, the process tree it had, and the
+    seconds it took to exit."""
     import signal
     import time
 
@@ -119,7 +119,7 @@ def test_sigterm_to_a_running_lane_leaves_junit_and_its_own_status(tmp_path):
 
     lanes_file = one_lane_file(tmp_path, "long", "batch_of_32 or streaming_equals")
     art = tmp_path / "art"
-    code, output, tree, elapsed = _sigterm_once_an_engine_is_up(
+    code, output, tree, elapsed = _sigterm_once_up(
         [sys.executable, "-m", "ci.cli", "run", "long", "--lanes-file", str(lanes_file), "--artifacts", str(art)],
         settle=1.0)
     assert elapsed < 8, output[-3000:]
@@ -139,7 +139,7 @@ def test_sigterm_to_lane_scaling_stops_the_lanes_it_started(tmp_path):
     from tests.helpers.procs import gone
 
     lanes_file = one_lane_file(tmp_path, "long", "batch_of_32 or streaming_equals")
-    code, output, tree, _ = _sigterm_once_an_engine_is_up(
+    code, output, tree, _ = _sigterm_once_up(
         [sys.executable, "benchmarks/lane_scaling.py", "long", "--lanes-file", str(lanes_file)], timeout=60)
     assert code == 128 + signal.SIGTERM, output[-3000:]
     assert gone([p.pid for p in tree]), [p for p in tree if p.is_running()]
@@ -152,7 +152,7 @@ def test_sigterm_to_the_online_benchmark_ends_its_server():
 
     from tests.helpers.procs import gone
 
-    code, output, tree, _ = _sigterm_once_an_engine_is_up(
+    code, output, tree, _ = _sigterm_once_up(
         [sys.executable, "benchmarks/online_serving.py", "--runner", "v2", "--concurrency", "1"], settle=2, timeout=60)
     assert code == 128 + signal.SIGTERM, output[-3000:]
     assert gone([p.pid for p in tree]), [p for p in tree if p.is_running()]
@@ -166,7 +166,7 @@ def test_sigterm_to_the_cpu_timing_benchmark_ends_the_suite_it_runs(tmp_path):
     from tests.helpers.procs import gone
 
     workers_up = lambda tree: sum(_name(p).startswith("python") for p in tree) >= 4   # pytest and 3 workers
-    code, output, tree, _ = _sigterm_once_an_engine_is_up(
+    code, output, tree, _ = _sigterm_once_up(
         [sys.executable, "benchmarks/cpu_timing.py", "--only", "tests", "--json", str(tmp_path / "cpu.json")],
         ready=workers_up, timeout=90)
     assert code == 128 + signal.SIGTERM, output[-3000:]
