@@ -74,12 +74,15 @@ class TalkerStage(_Strict):
 
 class Code2WavStage(_Strict):
     """Stage 1: decodes the handed-off windows on its device, batched, with CUDA graphs when stage 0 has
-    them (stages.0.enforce_eager is the engine's graph mode); it has nothing of its own to tune."""
+    them (stages.0.enforce_eager is the engine's graph mode)."""
 
     stage_id: Literal[1]
     name: str | None = None
     devices: str = "0"
     input_connector: str | None = None
+    # how long a codec pass may wait for more windows while other streams are open (never for a stream's
+    # first window): a pass's fixed part is paid once however many windows it holds
+    max_batch_wait_ms: float = Field(20.0, ge=0, le=1000)
 
 
 StageConfig = Annotated[Union[TalkerStage, Code2WavStage], Field(discriminator="stage_id")]

@@ -29,14 +29,38 @@ from engine.stage.stats import Code2WavStats
 MAX_ROWS = 32                      # windows in one codec pass
 # on CUDA, passes are captured for these row counts (a pass of n windows runs the smallest that holds n)...
 ROWS = [1, 2, 3, 4, 6, 8, 12, 16, 24, MAX_ROWS]
-# ...and frame lengths, and the streamed window's own (left context plus a chunk).  A request's windows
-# are one frame, then a chunk with the frames before it as context, up to the full context: lengths
-# close above each keep a pass's padding small (with the buckets 32, 64 and 128 alone, the benchmark's
-# texts decoded 3.4 padded frames a new frame, against 2.2 unpadded)
-LENGTHS = [8, 16, 32, 48, 64, 80, 128]
+# ...and frame lengths: powers of two, so no window longer than 16 frames pads to more than twice its
+# length, and the lengths of a stream's windows (stream_windows).  Each length costs start-up (about 2 s
+# for each row count on an H100, warm-up and cuDNN's algorithm timing included), so the powers of two
+# start at 32: the benchmark's texts' windows, each run alone, decode 7 % more frames than they hold,
+# against 21 % with 8, 16, 32, 48, 64, 80, 97 and 128
+BUCKETS = [32, 64, 128]
+# a stream's window lengths are captured while they are this few (a short chunk makes many)
+MAX_STREAM_LENGTHS = 8
 # an eager pass's fixed part, in row-frames: the `tiny` codec on the CPU takes about 9 ms a pass and
 # 1.7 ms a row-frame
 EAGER_PASS_FRAMES = 5
+
+
+def stream_windows(connector) -> list[int]:
+    """The lengths, context included, of a stream's windows before its last: its first window, then a
+    chunk with the frames before it as context, growing to the full context (the steady length)."""
+    initial, chunk, context = (connector.initial_codec_chunk_frames, connector.codec_chunk_frames,
+                               connector.codec_left_context_frames)
+    lengths, start = [initial], initial
+    while lengths[-1] < context + chunk:
+        lengths.append(min(start, context) + chunk)
+        start += chunk
+    return lengths
+
+
+def pass_lengths(connector) -> list[int]:
+    """The frame lengths codec passes are captured at: BUCKETS, and the window lengths a stream makes,
+    or only its steady one where those are many; none past BUCKETS' last."""
+    stream = stream_windows(connector)
+    if len(stream) > MAX_STREAM_LENGTHS:
+        stream = stream[-1:]
+    return sorted({*BUCKETS, *(t for t in stream if t < BUCKETS[-1])})
 
 
 @dataclass
@@ -62,9 +86,7 @@ class Code2Wav:
                                   str(self.device), parts=("codec",)).codec
         connector = profile.connector()
         self.left_context = connector.codec_left_context_frames
-        # a steady stream's windows are all context + chunk long: a bucket of exactly that decodes no padding
-        steady = self.left_context + connector.codec_chunk_frames
-        self.lengths = sorted({*LENGTHS, steady}) if steady < LENGTHS[-1] else LENGTHS
+        self.lengths = pass_lengths(connector)
         if self.codec.shape.receptive_field > self.left_context:
             print(f"code2wav: left context {self.left_context} < receptive field "
                   f"{self.codec.shape.receptive_field}; chunk edges will differ from a whole decode", flush=True)
@@ -73,7 +95,7 @@ class Code2Wav:
             # the codec's convolutions run at a few fixed shapes, each warmed up before its capture: cuDNN
             # may time its algorithms for them once (this process runs nothing else)
             torch.backends.cudnn.benchmark = True
-            self.codes_in = torch.zeros(ROWS[-1], LENGTHS[-1], CODEBOOKS, dtype=torch.long, device=self.device)
+            self.codes_in = torch.zeros(ROWS[-1], self.lengths[-1], CODEBOOKS, dtype=torch.long, device=self.device)
             self.first_in = torch.zeros(ROWS[-1], dtype=torch.long, device=self.device)
             self.pool = GraphPool(lambda rows, t: self.codec(self.codes_in[:rows, :t], first_position=self.first_in[:rows]),
                                   [(rows, t) for rows in ROWS for t in self.lengths], self.device)
@@ -83,6 +105,10 @@ class Code2Wav:
         self.chunks: dict[str, int] = {}
         self.first_seen: dict[str, float] = {}
         self.failed: set[str] = set()   # requests whose decode raised: their later windows are dropped
+
+    def open_streams(self) -> set[str]:
+        """Requests whose later windows are still to come."""
+        return set(self.codes)
 
     def stats(self) -> Code2WavStats:
         return Code2WavStats(depth=len(self.first_seen), busy=self.busy, windows=self.windows, passes=self.passes,

@@ -5,9 +5,10 @@ import os
 
 from engine.process.owner import Owner
 from engine.process.queues import close_queues
-from engine.stage.loop import Heart, drain, fatal, setup_torch, stall_forever
+from engine.stage.loop import Heart, fatal, setup_torch, stall_forever
 from engine.stage.messages import Abort, Frames, Ready, Stop
-from engine.stage1.code2wav import Code2Wav
+from engine.stage1.code2wav import MAX_ROWS, Code2Wav
+from engine.stage1.gather import gather
 
 
 def run(profile, queues, owner: Owner, faults=()) -> None:
@@ -15,6 +16,7 @@ def run(profile, queues, owner: Owner, faults=()) -> None:
     setup_torch()
     try:
         worker = Code2Wav(profile, out_q, faults)
+        wait_s = profile.stage(1).max_batch_wait_ms / 1000
         out_q.put(Ready(1))
         Heart(out_q, 1, profile.config.watchdog.heartbeat_interval_s, worker.stats, owner).start()
         def check_faults() -> None:
@@ -26,7 +28,7 @@ def run(profile, queues, owner: Owner, faults=()) -> None:
         while True:
             check_faults()
             pending: list[Frames] = []   # decoded together, up to the next message that is not a window
-            for msg in drain(handoff_q, block=True, owner=owner):
+            for msg in gather(handoff_q, owner, wait_s, worker.open_streams, MAX_ROWS):
                 match msg:
                     case Frames():
                         pending.append(msg)

@@ -6,7 +6,9 @@ import pytest
 
 from engine.models.graphs import padded
 from engine.profile.resolve import resolve
+from engine.profile.schema import Connector
 from engine.stage.messages import Frames
+from engine.stage1.code2wav import BUCKETS, pass_lengths, stream_windows
 from engine.stage1.passes import plan
 
 ROWS = [1, 2, 3, 4, 6, 8]
@@ -90,3 +92,20 @@ def test_a_short_window_goes_out_before_a_long_pass_and_each_requests_chunks_in_
     whole = worker.codec(torch.as_tensor(codes)[None])[0].numpy()
     streamed = np.concatenate([m.audio for m in out if getattr(m, "request_id", None) == "a" and hasattr(m, "index")])
     assert np.abs(streamed - whole).max() < 1e-4
+
+
+@pytest.mark.parametrize("chunking", [{}, {"codec_chunk_frames": 10, "codec_left_context_frames": 30},
+                                      {"codec_left_context_frames": 0}, {"initial_codec_chunk_frames": 5}])
+def test_every_window_a_stream_makes_before_its_last_runs_unpadded(chunking):
+    connector = Connector(**chunking)
+    lengths = pass_lengths(connector)
+    windows = stream_windows(connector)
+    assert windows[-1] == connector.codec_left_context_frames + connector.codec_chunk_frames
+    assert set(windows) <= set(lengths)
+    assert all(t <= padded(lengths, t) <= max(2 * t, BUCKETS[0]) for t in range(1, lengths[-1] + 1))
+
+
+def test_a_short_chunk_does_not_multiply_the_captured_passes():
+    lengths = pass_lengths(Connector(codec_chunk_frames=1, codec_left_context_frames=72))
+    assert len(lengths) <= len(BUCKETS) + 1
+    assert 73 in lengths   # the steady window still runs unpadded
