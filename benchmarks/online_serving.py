@@ -69,18 +69,26 @@ def stage_counters(base_url: str) -> dict:
         for s in family.samples:
             if s.name == "lanekeeper_stage_seconds":
                 out[(s.labels["stage"], s.labels["part"])] = s.value
-            elif s.name in ("lanekeeper_code2wav_windows", "lanekeeper_code2wav_passes"):
+            elif s.name in ("lanekeeper_code2wav_windows", "lanekeeper_code2wav_passes",
+                            "lanekeeper_code2wav_replay_seconds"):
                 out[s.name] = s.value
+            elif s.name == "lanekeeper_code2wav_frames":
+                out[(s.name, s.labels["of"])] = s.value
     return out
 
 
 def breakdown(before: dict, after: dict, wall: float) -> str:
-    """One table row: each part's share of the level's wall time, and stage 1's windows per pass."""
+    """One table row: each part's share of the level's wall time; stage 1's windows per pass, the frames
+    its passes ran beyond the windows' own, and its captured passes' device time, each as timed alone, as
+    a share of the wall time (beside stage 1's decode and readback, what sharing the device cost it)."""
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     shares = [100 * delta.get(p, 0) / wall for p in PARTS]
     passes = delta.get("lanekeeper_code2wav_passes", 0)
     per_pass = delta.get("lanekeeper_code2wav_windows", 0) / passes if passes else 0
-    return " | ".join(f"{s:.0f} %" for s in shares) + f" | {per_pass:.1f} |"
+    held = delta.get(("lanekeeper_code2wav_frames", "windows"), 0)
+    padding = 100 * (delta.get(("lanekeeper_code2wav_frames", "passes"), 0) / held - 1) if held else 0
+    alone = 100 * delta.get("lanekeeper_code2wav_replay_seconds", 0) / wall
+    return " | ".join(f"{s:.0f} %" for s in shares) + f" | {per_pass:.1f} | {padding:.0f} % | {alone:.0f} % |"
 
 
 def main() -> None:
@@ -130,8 +138,8 @@ def main() -> None:
     finally:   # stopped early too: the levels it finished
         print("\nWhere the stages' time went (share of each level's wall time):\n")
         print("| runner | concurrency | stage 0 decode | admit | readback | handoff | inbox | stage 1 decode "
-              "| stage 1 readback | windows per pass |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+              "| stage 1 readback | windows per pass | padding | stage 1 passes alone |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         print("\n".join(where))
 
 

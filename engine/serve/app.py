@@ -99,6 +99,9 @@ class Service:
                 if isinstance(stats, Code2WavStats):
                     self.metrics.code2wav_windows.set(stats.windows)
                     self.metrics.code2wav_passes.set(stats.passes)
+                    self.metrics.code2wav_frames.labels(of="windows").set(stats.window_frames)
+                    self.metrics.code2wav_frames.labels(of="passes").set(stats.pass_frames)
+                    self.metrics.code2wav_replay.set(stats.replay_s)
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def speech(self, request: Request):

@@ -33,6 +33,12 @@ class Metrics:
                                       "decoded", registry=self.registry)
         self.code2wav_passes = Gauge("lanekeeper_code2wav_passes", "Codec passes those windows took: windows per "
                                      "pass is how well stage 1 batches", registry=self.registry)
+        self.code2wav_frames = Gauge("lanekeeper_code2wav_frames", "Frames stage 1 has decoded: the windows' own "
+                                     "(context included), and what their passes ran (padding included)", ["of"],
+                                     registry=self.registry)
+        self.code2wav_replay = Gauge("lanekeeper_code2wav_replay_seconds", "The captured codec passes stage 1 has "
+                                     "run, at the device time each took alone when it was timed at start-up",
+                                     registry=self.registry)
         for status in ("success", "error", "cancelled", "rejected"):
             self.requests.labels(status=status)
 

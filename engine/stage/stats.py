@@ -25,6 +25,9 @@ class Code2WavStats:
     busy: bool = False                   # decoding now
     windows: int = 0
     passes: int = 0
+    window_frames: int = 0               # the decoded windows' frames, context included
+    pass_frames: int = 0                 # what their passes ran, padding included
+    replay_s: float = 0.0                # the captured passes' device time, as each was timed alone
     seconds: dict[str, float] = field(default_factory=dict)
 
 

@@ -78,6 +78,8 @@ class Code2Wav:
         self.faults = Injector(list(faults), 1)
         self.finished = self.frames = self.windows = 0
         self.passes = 0   # codec passes: windows / passes is how well stage 1 batches
+        self.window_frames = self.pass_frames = 0   # the windows' frames, and what their passes ran
+        self.replay_s = 0.0   # the captured passes run, at the device time each took alone
         self.busy = False
         self.clock = Clock("decode", "readback")
         self.stage = profile.stage(1)
@@ -99,7 +101,7 @@ class Code2Wav:
             self.first_in = torch.zeros(ROWS[-1], dtype=torch.long, device=self.device)
             self.pool = GraphPool(lambda rows, t: self.codec(self.codes_in[:rows, :t], first_position=self.first_in[:rows]),
                                   [(rows, t) for rows in ROWS for t in self.lengths], self.device)
-            self.replay_s = self.pool.replay_seconds()   # what the pass planner weighs
+            self.replay_times = self.pool.replay_seconds()   # what the pass planner weighs
         self.out_q = out_q
         self.codes: dict[str, np.ndarray] = {}
         self.chunks: dict[str, int] = {}
@@ -112,6 +114,7 @@ class Code2Wav:
 
     def stats(self) -> Code2WavStats:
         return Code2WavStats(depth=len(self.first_seen), busy=self.busy, windows=self.windows, passes=self.passes,
+                             window_frames=self.window_frames, pass_frames=self.pass_frames, replay_s=self.replay_s,
                              seconds=dict(self.clock.seconds))
 
     @torch.no_grad()
@@ -183,10 +186,13 @@ class Code2Wav:
         todo = sorted((j for j in jobs if len(j.window.codes)), key=lambda j: len(j.codes))
         for rows in plan([len(j.codes) for j in todo], self._pass_cost, MAX_ROWS):
             group = todo[rows.start:rows.stop]
+            rows, t = self._shape(len(group), len(group[-1].codes))
             try:
                 self.passes += 1
-                audio = self._codec_pass([j.codes for j in group], [j.context_start for j in group],
-                                         *self._shape(len(group), len(group[-1].codes)))
+                audio = self._codec_pass([j.codes for j in group], [j.context_start for j in group], rows, t)
+                self.window_frames += sum(len(j.codes) for j in group)
+                self.pass_frames += (rows or len(group)) * t
+                self.replay_s += self.replay_times[(rows, t)] if rows else 0.0
             except Exception:
                 for job in group:
                     self._fail(job.window)
@@ -208,8 +214,8 @@ class Code2Wav:
             return EAGER_PASS_FRAMES + windows * longest
         rows, t = self._shape(windows, longest)
         if rows is None:
-            return self.replay_s[(padded(ROWS, windows), self.lengths[-1])] * longest / self.lengths[-1]
-        return self.replay_s[(rows, t)]
+            return self.replay_times[(padded(ROWS, windows), self.lengths[-1])] * longest / self.lengths[-1]
+        return self.replay_times[(rows, t)]
 
     def _codec_pass(self, codes: list[np.ndarray], starts: list[int], rows: int | None, t: int) -> np.ndarray:
         """Audio [rows, t * 1920] for these frame arrays, right-padded to t: the captured pass of `rows`

@@ -79,6 +79,8 @@ def test_64_concurrent_streams(srv):
     assert all(v > 0 for v in seconds.values()), seconds
     windows, passes = m[("lanekeeper_code2wav_windows", ())], m[("lanekeeper_code2wav_passes", ())]
     assert windows >= 64 and 0 < passes <= windows, (windows, passes)
+    held, run = (m[("lanekeeper_code2wav_frames", (("of", of),))] for of in ("windows", "passes"))
+    assert run >= held >= windows, (run, held, windows)   # every window has a frame; padding only adds
 
 
 def test_disconnect_mid_stream_releases_request(srv):
