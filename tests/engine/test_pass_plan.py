@@ -109,3 +109,17 @@ def test_a_short_chunk_does_not_multiply_the_captured_passes():
     lengths = pass_lengths(Connector(codec_chunk_frames=1, codec_left_context_frames=72))
     assert len(lengths) <= len(BUCKETS) + 1
     assert 73 in lengths   # the steady window still runs unpadded
+
+
+def test_the_host_time_passes_take_joins_windows_into_fewer_passes():
+    """With captured passes, a pass costs its replay and the host time a pass has taken: once that outweighs
+    what a split saves in replay, windows of two lengths share a pass."""
+    from engine.stage1.code2wav import MAX_ROWS, ROWS, Code2Wav
+
+    worker = Code2Wav(resolve("qwen3_tts", platform="cpu"), Outbox())
+    worker.pool = object()   # as on CUDA: passes run at the captured shapes, with these replays
+    worker.replay_times = {(r, t): 1e-3 * r * t / 97 for r in ROWS for t in worker.lengths}
+    windows = [26, 26, 97, 97]
+    assert [len(g) for g in plan(windows, worker._pass_cost, MAX_ROWS)] == [2, 2]
+    worker.passes, worker.clock.seconds["decode"] = 10, 10 * 5e-3   # 5 ms of host time a pass so far
+    assert [len(g) for g in plan(windows, worker._pass_cost, MAX_ROWS)] == [4]
