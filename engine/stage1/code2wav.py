@@ -184,20 +184,20 @@ class Code2Wav:
         """Each pass's audio of its jobs' new frames, pass by pass, as `plan` cuts them: right-padded
         (the codec is causal, so padding after a row's end changes none of its samples)."""
         todo = sorted((j for j in jobs if len(j.window.codes)), key=lambda j: len(j.codes))
-        for rows in plan([len(j.codes) for j in todo], self._pass_cost, MAX_ROWS):
-            group = todo[rows.start:rows.stop]
-            rows, t = self._shape(len(group), len(group[-1].codes))
+        for cut in plan([len(j.codes) for j in todo], self._pass_cost, MAX_ROWS):
+            group = todo[cut.start:cut.stop]
             try:
                 self.passes += 1
+                rows, t = self._shape(len(group), len(group[-1].codes))
                 audio = self._codec_pass([j.codes for j in group], [j.context_start for j in group], rows, t)
-                self.window_frames += sum(len(j.codes) for j in group)
-                self.pass_frames += (rows or len(group)) * t
-                self.replay_s += self.replay_times[(rows, t)] if rows else 0.0
             except Exception:
                 for job in group:
                     self._fail(job.window)
                 yield {id(job): None for job in group}
                 continue
+            self.window_frames += sum(len(j.codes) for j in group)
+            self.pass_frames += (rows or len(group)) * t
+            self.replay_s += self.replay_times[(rows, t)] if rows else 0.0
             yield {id(job): audio[b, (job.window.start - job.context_start) * SAMPLES_PER_FRAME:
                                   len(job.codes) * SAMPLES_PER_FRAME] for b, job in enumerate(group)}
 
