@@ -212,8 +212,8 @@ class Code2Wav:
         any captured runs eager, estimated from the longest) and the host time a pass has taken so far,
         else a fixed part and its row-frames.  The host time is a pass's fixed part that its replay
         leaves out: building the pass, copying it in and launching it on a GPU stage 0 takes turns on
-        (on an H100 at C128, 3.4 ms a pass beside 3.8 ms of replay).  Without it, passes were cut to
-        every captured length and stage 1 ran 4.1 windows a pass where it had run 6.6."""
+        (on an H100 at C128, about 3.4 ms a pass beside 3.8 ms of replay).  Weighing replays alone, with
+        lengths that fit each window, stage 1 ran 4.1 windows a pass at C128 where it had run 6.6."""
         if self.pool is None:
             return EAGER_PASS_FRAMES + windows * longest
         rows, t = self._shape(windows, longest)

@@ -18,7 +18,7 @@ class Inbox(queue.Queue):
 
     def __init__(self, *msgs):
         super().__init__()
-        self.waits = 0
+        self.waits = self.taken = 0
         for m in msgs:
             self.put(m)
 
@@ -28,8 +28,6 @@ class Inbox(queue.Queue):
         item = super().get(block, timeout)
         self.taken += 1
         return item
-
-    taken = 0
 
 
 def window(rid: str, start: int) -> Frames:
