@@ -49,11 +49,17 @@ def _stop_fork_server() -> None:
     all: the server exits when its pipe from here closes, and the stages watch the engine's process.)
 
     `_forkserver._stop` is multiprocessing's private name; nothing public stops the server, and
-    tests/engine/test_lifecycle.py checks that a program's exit leaves no process."""
+    tests/engine/test_lifecycle.py checks that a program's exit leaves no process.  The server is killed
+    before it is waited for: asked to stop, it would tear down the torch it imported, which costs every
+    process that started an engine about a second at exit (`_forkserver_pid` is as private as `_stop`).  It is
+    this process's unreaped child, so the pid cannot have gone to another process."""
     from multiprocessing import forkserver
 
     REGISTRY.kill_all()
-    forkserver._forkserver._stop()
+    server = forkserver._forkserver
+    if server._forkserver_pid is not None:
+        os.kill(server._forkserver_pid, signal.SIGKILL)
+    server._stop()
 
 
 def stage_main(stage_id: int, leader_pid: int | None, profile, queues, owner_pid: int, faults,
