@@ -182,24 +182,64 @@ class Code2Wav:
 
     def _decode_jobs(self, jobs: list["Job"]):
         """Each pass's audio of its jobs' new frames, pass by pass, as `plan` cuts them: right-padded
-        (the codec is causal, so padding after a row's end changes none of its samples)."""
+        (the codec is causal, so padding after a row's end changes none of its samples).  A pass is
+        launched before the one ahead of it is read back: on CUDA, building and launching the next pass
+        runs while the device computes this one."""
         todo = sorted((j for j in jobs if len(j.window.codes)), key=lambda j: len(j.codes))
+        ahead = None
         for cut in plan([len(j.codes) for j in todo], self._pass_cost, MAX_ROWS):
             group = todo[cut.start:cut.stop]
             try:
-                self.passes += 1
-                rows, t = self._shape(len(group), len(group[-1].codes))
-                audio = self._codec_pass([j.codes for j in group], [j.context_start for j in group], rows, t)
+                launched = self._launch(group)
             except Exception:
-                for job in group:
-                    self._fail(job.window)
-                yield {id(job): None for job in group}
-                continue
-            self.window_frames += sum(len(j.codes) for j in group)
-            self.pass_frames += (rows or len(group)) * t
-            self.replay_s += self.replay_times[(rows, t)] if rows else 0.0
-            yield {id(job): audio[b, (job.window.start - job.context_start) * SAMPLES_PER_FRAME:
-                                  len(job.codes) * SAMPLES_PER_FRAME] for b, job in enumerate(group)}
+                launched = None
+            if ahead is not None:
+                yield self._read(ahead)
+            if launched is None:
+                yield self._failed(group)
+            ahead = launched
+        if ahead is not None:
+            yield self._read(ahead)
+
+    def _launch(self, group: list["Job"]) -> "Launched":
+        """The pass of these jobs, on its way: the captured pass that holds them replayed (rows padded with
+        zeros), or an eager one.  Its inputs go in from pinned memory: a pageable copy would wait for
+        the pass ahead."""
+        self.passes += 1
+        rows, t = self._shape(len(group), len(group[-1].codes))
+        pinned = self.device.type == "cuda"
+        batch = torch.zeros(rows or len(group), t, CODEBOOKS, dtype=torch.long, pin_memory=pinned)
+        first = torch.zeros(len(batch), dtype=torch.long, pin_memory=pinned)
+        rows_in, first_at = batch.numpy(), first.numpy()
+        for b, job in enumerate(group):
+            rows_in[b, :len(job.codes)] = job.codes
+            first_at[b] = job.context_start
+        if rows:
+            self.codes_in[:rows, :t].copy_(batch, non_blocking=True)
+            self.first_in[:rows].copy_(first, non_blocking=True)
+            audio = self.pool(rows, t)
+        else:
+            audio = self.codec(batch.to(self.device, non_blocking=True), first_position=first.to(self.device))
+        return Launched(group, rows, t, audio[:len(group)].float())
+
+    def _read(self, launched: "Launched") -> dict:
+        """Its jobs' audio once the device is done, by job; a pass that failed on the device fails them."""
+        group, rows, t = launched.group, launched.rows, launched.t
+        try:
+            with self.clock.part("readback"):   # waiting for the device: the pass, and stage 0's work beside it
+                audio = launched.read()
+        except Exception:
+            return self._failed(group)
+        self.window_frames += sum(len(j.codes) for j in group)
+        self.pass_frames += (rows or len(group)) * t
+        self.replay_s += self.replay_times[(rows, t)] if rows else 0.0
+        return {id(job): audio[b, (job.window.start - job.context_start) * SAMPLES_PER_FRAME:
+                               len(job.codes) * SAMPLES_PER_FRAME] for b, job in enumerate(group)}
+
+    def _failed(self, group: list["Job"]) -> dict:
+        for job in group:
+            self._fail(job.window)
+        return {id(job): None for job in group}
 
     def _shape(self, windows: int, longest: int) -> tuple[int | None, int]:
         """The pass these windows run as: (rows, length) of the captured pass that holds them, else
@@ -208,12 +248,11 @@ class Code2Wav:
         return (padded(ROWS, windows), t) if t else (None, longest)
 
     def _pass_cost(self, windows: int, longest: int) -> float:
-        """A pass's cost: on CUDA the measured replay of the captured pass it runs as (one longer than
-        any captured runs eager, estimated from the longest) and the host time a pass has taken so far,
-        else a fixed part and its row-frames.  The host time is a pass's fixed part that its replay
-        leaves out: building the pass, copying it in and launching it on a GPU stage 0 takes turns on
-        (on an H100 at C128, about 3.4 ms a pass beside 3.8 ms of replay).  Weighing replays alone, with
-        lengths that fit each window, stage 1 ran 4.1 windows a pass at C128 where it had run 6.6."""
+        """A pass's cost: on CUDA the longer of the measured replay of the captured pass it runs as (one longer
+        than any captured runs eager, estimated from the longest) and the host time a pass has taken so far,
+        else a fixed part and its row-frames.  Passes are pipelined (`_decode_jobs`), so a pass's host work
+        hides behind the pass ahead's replay: only where it is the longer does it count, and then joining
+        windows into fewer passes saves it."""
         if self.pool is None:
             return EAGER_PASS_FRAMES + windows * longest
         rows, t = self._shape(windows, longest)
@@ -221,24 +260,7 @@ class Code2Wav:
             replay = self.replay_times[(padded(ROWS, windows), self.lengths[-1])] * longest / self.lengths[-1]
         else:
             replay = self.replay_times[(rows, t)]
-        return replay + (self.clock.seconds["decode"] / self.passes if self.passes else 0.0)
-
-    def _codec_pass(self, codes: list[np.ndarray], starts: list[int], rows: int | None, t: int) -> np.ndarray:
-        """Audio [rows, t * 1920] for these frame arrays, right-padded to t: the captured pass of `rows`
-        rows replayed (rows padded with zeros), or with rows None an eager pass."""
-        batch = np.zeros((rows or len(codes), t, codes[0].shape[1]), dtype=np.int64)
-        for b, c in enumerate(codes):
-            batch[b, :len(c)] = c
-        first = torch.zeros(len(batch), dtype=torch.long)
-        first[:len(starts)] = torch.tensor(starts)
-        if rows:
-            self.codes_in[:rows, :t].copy_(torch.as_tensor(batch))
-            self.first_in[:rows].copy_(first)
-            audio = self.pool(rows, t)
-        else:
-            audio = self.codec(torch.as_tensor(batch, device=self.device), first_position=first)
-        with self.clock.part("readback"):   # waiting for the device: the pass, and stage 0's work beside it
-            return audio[:len(codes)].float().cpu().numpy()
+        return max(replay, self.clock.seconds["decode"] / self.passes if self.passes else 0.0)
 
     def _emit(self, job: "Job", audio: np.ndarray | None) -> None:
         window, rid = job.window, job.window.request_id
@@ -262,3 +284,20 @@ class Code2Wav:
         self.codes.pop(request_id, None)
         self.chunks.pop(request_id, None)
         self.first_seen.pop(request_id, None)
+
+
+class Launched:
+    """A launched codec pass: its jobs and shape, and their audio on its way to the host."""
+
+    def __init__(self, group: list[Job], rows: int | None, t: int, audio: torch.Tensor):
+        self.group, self.rows, self.t = group, rows, t
+        # copied out of the captured pass's output before the next pass, queued behind it, can overwrite it
+        self.audio = audio.to("cpu", non_blocking=True)
+        self.done = torch.cuda.Event() if audio.is_cuda else None
+        if self.done is not None:
+            self.done.record()
+
+    def read(self) -> np.ndarray:
+        if self.done is not None:
+            self.done.synchronize()
+        return self.audio.numpy()

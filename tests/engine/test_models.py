@@ -315,6 +315,47 @@ def test_stage0_waits_for_the_device_only_to_read_back(overrides):
     assert done >= {r.request_id for i, r in enumerate(reqs) if i != 1}
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="codec passes are captured and pipelined only on CUDA")
+def test_stage1_pipelined_passes_stream_each_windows_own_audio_and_wait_only_to_read_back():
+    """Stage 1 launches a codec pass before it reads back the one ahead, and its captured passes share one
+    memory pool: each window still gets its own audio (a stream equals its whole decode), and nothing but
+    the read-back's event waits for the device."""
+    from tests.helpers.reference import Inbox
+    from engine.stage.messages import Frames, StageError
+    from engine.stage1.code2wav import Code2Wav
+
+    out = Inbox()
+    worker = Code2Wav(resolve("qwen3_tts", platform="cuda"), out)
+    assert worker.pool is not None
+    rng = np.random.default_rng(0)
+    streams = {f"r{i}": rng.integers(0, 100, (int(rng.integers(2, 140)), 16)) for i in range(40)}
+    chunk = {rid: 0 for rid in streams}   # where each stream's next window starts
+    calls = 0
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        while chunk:   # each call: the next window of every open stream (more than one pass holds)
+            windows = []
+            for rid, start in list(chunk.items()):
+                codes = streams[rid]
+                end = min(len(codes), 1 if start == 0 else start + 25)
+                windows.append(Frames(rid, start, codes[start:end], end == len(codes)))
+                chunk[rid] = end
+                if end == len(codes):
+                    del chunk[rid]
+            worker.decode(windows)
+            calls += 1
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    failed = [m for m in out if isinstance(m, StageError)]
+    assert not failed, failed[0].traceback
+    assert worker.passes > calls
+    for rid, codes in streams.items():
+        streamed = np.concatenate([m.audio for m in out if getattr(m, "request_id", None) == rid and hasattr(m, "index")])
+        whole = worker.codec(torch.as_tensor(codes, device="cuda")[None])[0].float().cpu().numpy()
+        assert streamed.shape == whole.shape, rid
+        assert np.abs(streamed - whole).max() <= 1e-2 * np.abs(whole).max(), rid
+
+
 def test_checkpoint_round_trip(tmp_path):
     models = build_models(seed=5)
     path = tmp_path / "tiny.safetensors"

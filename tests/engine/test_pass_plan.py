@@ -112,8 +112,8 @@ def test_a_short_chunk_does_not_multiply_the_captured_passes():
 
 
 def test_the_host_time_passes_take_joins_windows_into_fewer_passes():
-    """With captured passes, a pass costs its replay and the host time a pass has taken: once that outweighs
-    what a split saves in replay, windows of two lengths share a pass."""
+    """With captured passes, a pass costs the longer of its replay and the host time a pass has taken (the
+    passes are pipelined): once the host time outweighs the replays, windows of two lengths share a pass."""
     from engine.stage1.code2wav import MAX_ROWS, ROWS, Code2Wav
 
     worker = Code2Wav(resolve("qwen3_tts", platform="cpu"), Outbox())
