@@ -19,7 +19,7 @@ from engine.models.graphs import GraphPool, padded
 from engine.models.build import build_models
 from engine.models.presets import CODEBOOKS, SAMPLES_PER_FRAME
 from engine.request import AudioChunk
-from engine.stage1.passes import plan
+from engine.stage1.passes import Launched, plan
 from engine.stage.faults import Injector
 from engine.stage.loop import Clock, device_for, request_crashed
 from engine.stage.messages import Decoded, Frames
@@ -201,7 +201,7 @@ class Code2Wav:
         if ahead is not None:
             yield self._read(ahead)
 
-    def _launch(self, group: list["Job"]) -> "Launched":
+    def _launch(self, group: list["Job"]) -> Launched:
         """The pass of these jobs, on its way: the captured pass that holds them replayed (rows padded with
         zeros), or an eager one.  Its inputs go in from pinned memory: a pageable copy would wait for
         the pass ahead."""
@@ -222,7 +222,7 @@ class Code2Wav:
             audio = self.codec(batch.to(self.device, non_blocking=True), first_position=first.to(self.device))
         return Launched(group, rows, t, audio[:len(group)].float())
 
-    def _read(self, launched: "Launched") -> dict:
+    def _read(self, launched: Launched) -> dict:
         """Its jobs' audio once the device is done, by job; a pass that failed on the device fails them."""
         group, rows, t = launched.group, launched.rows, launched.t
         try:
@@ -285,19 +285,3 @@ class Code2Wav:
         self.chunks.pop(request_id, None)
         self.first_seen.pop(request_id, None)
 
-
-class Launched:
-    """A launched codec pass: its jobs and shape, and their audio on its way to the host."""
-
-    def __init__(self, group: list[Job], rows: int | None, t: int, audio: torch.Tensor):
-        self.group, self.rows, self.t = group, rows, t
-        # copied out of the captured pass's output before the next pass, queued behind it, can overwrite it
-        self.audio = audio.to("cpu", non_blocking=True)
-        self.done = torch.cuda.Event() if audio.is_cuda else None
-        if self.done is not None:
-            self.done.record()
-
-    def read(self) -> np.ndarray:
-        if self.done is not None:
-            self.done.synchronize()
-        return self.audio.numpy()

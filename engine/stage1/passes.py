@@ -5,12 +5,16 @@ row-frame.  One pass for everything pads a one-frame first window to the longest
 one pass per length pays the fixed part again and again.  A pass's cost depends only on how many
 windows it holds and on the longest of them, so among the ways to split the windows, groups of
 neighbours in length are as cheap as any: sorted by length, they are cut into consecutive groups
-of least summed cost, as the caller's estimate has it.
+of least summed cost, as the caller's estimate has it.  A pass, once launched, is read back after the
+next one is launched (`Launched`), so its host work hides behind the device's.
 """
 from __future__ import annotations
 
 import math
 from typing import Callable, Sequence
+
+import numpy as np
+import torch
 
 
 def plan(lengths: Sequence[int], cost: Callable[[int, int], float], max_rows: int) -> list[range]:
@@ -28,3 +32,20 @@ def plan(lengths: Sequence[int], cost: Callable[[int, int], float], max_rows: in
         groups.append(range(cut[end], end))
         end = cut[end]
     return groups[::-1]
+
+
+class Launched:
+    """A launched codec pass: its jobs and shape, and their audio on its way to the host."""
+
+    def __init__(self, group: list, rows: int | None, t: int, audio: torch.Tensor):
+        self.group, self.rows, self.t = group, rows, t
+        # copied out of the captured pass's output before the next pass, queued behind it, can overwrite it
+        self.audio = audio.to("cpu", non_blocking=True)
+        self.done = torch.cuda.Event() if audio.is_cuda else None
+        if self.done is not None:
+            self.done.record()
+
+    def read(self) -> np.ndarray:
+        if self.done is not None:
+            self.done.synchronize()
+        return self.audio.numpy()
