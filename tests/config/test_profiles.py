@@ -1,5 +1,6 @@
 """Every shipped profile validates, every pin holds, and precedence runs in its one order: overrides, the
 platform section, the overlay, the base, schema defaults."""
+import glob
 import json
 import subprocess
 import sys
@@ -7,7 +8,7 @@ import sys
 import pytest
 
 from engine.profile import pins
-from engine.profile.resolve import ProfileError, check_file, resolve
+from engine.profile.resolve import GPU_NODES, ProfileError, check_file, resolve
 from tests.helpers.repo import PROFILES_DIR
 from engine.profile.schema import PLATFORMS
 from engine.profile.document import ProfileDoc
@@ -129,3 +130,13 @@ def test_cli_show_json_and_explain():
         f"qwen3_tts.yaml:{doc.line('platforms.rocm.model_runner')} [platforms.rocm]")
     assert explained["stages.0.max_num_batched_tokens"]["source"].endswith(
         f"qwen3_tts.yaml:{doc.line('stages.0.max_num_batched_tokens')}")
+
+
+@pytest.mark.skipif(any(glob.glob(node) for node in GPU_NODES), reason="a GPU device node is here: torch is asked")
+def test_the_platform_of_a_machine_with_no_gpu_is_known_without_torch():
+    """Every lane's pytest run and every engine client resolves its profile for the platform it is on; with no
+    GPU device node that takes no torch import (3 CPU-s, and more at exit)."""
+    code = ("import sys; from engine.profile.resolve import detect_platform, resolve; "
+            "print(detect_platform(), resolve('qwen3_tts').platform, 'torch' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.split() == ["cpu", "cpu", "False"]
