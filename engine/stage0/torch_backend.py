@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.models.build import build_models
+from engine.models.upload import Download
 from engine.stage.loop import device_for
 from engine.stage0.backend import Backend, Produced
 from engine.stage0.model_runner import Sequence, make_runner
@@ -55,19 +56,14 @@ class Launched:
 
     def __init__(self, seqs: list[Sequence], codes: torch.Tensor):
         self.seqs = seqs
-        self.codes = codes.to("cpu", non_blocking=True)
-        self.done = torch.cuda.Event() if codes.is_cuda else None
-        if self.done is not None:
-            self.done.record()
+        self.codes = Download(codes)
 
     def read(self) -> dict[str, Produced]:
         """Each row's frame, for the requests still running (one released meanwhile is not).  The frames are
         copied out of the step's pinned block: a row view would keep the block alive as long as its request
         runs, and every step would take a new block from the pinned allocator."""
-        if self.done is not None:
-            self.done.synchronize()
         out = {}
-        for seq, frame in zip(self.seqs, self.codes.numpy().copy()):
+        for seq, frame in zip(self.seqs, self.codes.wait().numpy().copy()):
             if seq.slot is None:
                 continue
             sampler = seq.sampler

@@ -18,6 +18,7 @@ import torch
 from engine.models.graphs import GraphPool, padded
 from engine.models.build import build_models
 from engine.models.presets import CODEBOOKS, SAMPLES_PER_FRAME
+from engine.models.upload import upload
 from engine.request import AudioChunk
 from engine.stage1.passes import Launched, plan
 from engine.stage.faults import Injector
@@ -219,7 +220,7 @@ class Code2Wav:
             self.first_in[:rows].copy_(first, non_blocking=True)
             audio = self.pool(rows, t)
         else:
-            audio = self.codec(batch.to(self.device, non_blocking=True), first_position=first.to(self.device))
+            audio = self.codec(upload(batch, self.device), first_position=upload(first, self.device))
         return Launched(group, rows, t, audio[:len(group)].float())
 
     def _read(self, launched: Launched) -> dict:
@@ -284,4 +285,3 @@ class Code2Wav:
         self.codes.pop(request_id, None)
         self.chunks.pop(request_id, None)
         self.first_seen.pop(request_id, None)
-

@@ -16,6 +16,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from engine.models.upload import Download
+
 
 def plan(lengths: Sequence[int], cost: Callable[[int, int], float], max_rows: int) -> list[range]:
     """Consecutive ranges over `lengths` (ascending), each of at most max_rows windows, whose
@@ -34,18 +36,13 @@ def plan(lengths: Sequence[int], cost: Callable[[int, int], float], max_rows: in
     return groups[::-1]
 
 
+
 class Launched:
     """A launched codec pass: its jobs and shape, and their audio on its way to the host."""
 
     def __init__(self, group: list, rows: int | None, t: int, audio: torch.Tensor):
         self.group, self.rows, self.t = group, rows, t
-        # copied out of the captured pass's output before the next pass, queued behind it, can overwrite it
-        self.audio = audio.to("cpu", non_blocking=True)
-        self.done = torch.cuda.Event() if audio.is_cuda else None
-        if self.done is not None:
-            self.done.record()
+        self.audio = Download(audio)
 
     def read(self) -> np.ndarray:
-        if self.done is not None:
-            self.done.synchronize()
-        return self.audio.numpy()
+        return self.audio.wait().numpy()
