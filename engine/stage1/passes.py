@@ -36,7 +36,6 @@ def plan(lengths: Sequence[int], cost: Callable[[int, int], float], max_rows: in
     return groups[::-1]
 
 
-
 class Launched:
     """A launched codec pass: its jobs and shape, and their audio on its way to the host."""
 
