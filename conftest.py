@@ -32,7 +32,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
-def pytester(pytester):
-    """Projects that pytester makes run the plugin's matrix, as this repository does."""
-    pytester.makeini("[pytest]\nlanekeeper_matrix = true\n")
+def pytester(pytester, pytestconfig):
+    """Projects that pytester makes run the plugin's matrix, as this repository does, and leave out the
+    plugins this repository's addopts leave out: a pytester project's ini is its own, so otherwise each of
+    its pytest processes (a run, its xdist workers) loads hypothesis and the rest, about 1.3 s apiece."""
+    opts = pytestconfig.getini("addopts")
+    off = " ".join(f"-p {name}" for flag, name in zip(opts, opts[1:]) if flag == "-p" and name.startswith("no:"))
+    pytester.makeini(f"[pytest]\nlanekeeper_matrix = true\naddopts = {off}\n")
     return pytester

@@ -2,7 +2,7 @@
 
 tests/engine/test_kernels.py runs each on CUDA where there is one, else in a child process
 under Triton's interpreter (which must be switched on before Triton is first imported), and
-there records its launches, which another process compiles for an H100/H200 (sm_90):
+there records its launches, which a process where it never ran compiles for an H100/H200 (sm_90):
 
     TRITON_INTERPRET=1 python -m tests.helpers.kernel_checks snake launches.json
     python -m tests.helpers.kernel_checks --hopper launches.json
